@@ -1,0 +1,44 @@
+"""Every error the scheduler raises on purpose derives from `SchedulerError`.
+
+Adapters translate driver exceptions at the boundary (`raise StoreError(...) from exc`),
+so callers never need to import a driver to handle a failure. Messages say what was
+wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class SchedulerError(Exception):
+    """Root of the scheduler's errors."""
+
+
+class InvalidTask(SchedulerError, ValueError):
+    """A task description is malformed: bad time, tenant, type, priority or attempts."""
+
+
+class InvalidTaskId(InvalidTask):
+    """Text or bytes that do not form a task id."""
+
+
+class InvalidPayload(InvalidTask):
+    """A payload that msgpack cannot encode, or one over the size limit."""
+
+
+class InvalidMessage(SchedulerError):
+    """Bytes taken from a queue that do not decode to a task message.
+
+    Workers dead-letter such messages with this error's text as the reason; they never
+    crash on them or block the partition behind them.
+    """
+
+
+class ConfigError(SchedulerError, ValueError):
+    """A setting that cannot be used (bad keyspace name, shard count, consistency level...)."""
+
+
+class StoreError(SchedulerError):
+    """The task store failed or could not be reached."""
+
+
+class SchemaConflict(StoreError):
+    """The keyspace exists with settings that differ from the ones asked for (e.g. shard count)."""

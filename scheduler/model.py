@@ -1,0 +1,352 @@
+"""The values every part of the scheduler agrees on: task ids, tasks, buckets, shards
+and the message a dispatcher publishes for a worker.
+
+A task id carries its own address
+---------------------------------
+`TaskId` is 128 bits laid out as a UUIDv7 (RFC 9562)::
+
+    | unix_ts_ms: 48 | ver=7: 4 | rand_a: 12 | var=0b10: 2 | rand_b: 62 |
+
+with `unix_ts_ms` set to the task's scheduled `run_at`, not to the time it was made.
+From the id alone follow the task's partition and clustering key:
+
+    bucket = run_at_ms - run_at_ms % 60_000          (the minute it falls due)
+    shard  = murmur3_x86_32(id bytes, seed 0) % 64   (unsigned; same on every machine)
+    row    = (bucket, shard) / (run_at, id)
+
+so `get` and `cancel` need no second table and a submit costs one partition write.
+
+Worked example: a task due 2026-12-02T09:00:00.250Z has `run_at_ms = 1796202000250`,
+i.e. the id starts `01a235fb-6f7a-7…` and its bucket is `1796202000000`
+(09:00:00.000Z). Its shard depends on all 128 bits, so tasks due in the same
+millisecond still spread evenly over the 64 shards.
+
+When the producer gives an idempotency key, the 74 random bits are instead taken
+from a hash of `(tenant, key)`: the same tenant, key and `run_at` (to the millisecond)
+always make the same id, so a retried submit overwrites the one row it wrote before.
+
+Payloads travel as msgpack bytes (never pickle): a task holds its payload already
+encoded, and the queue message embeds those bytes unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import mmh3
+import msgpack
+
+from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, InvalidTask, InvalidTaskId
+
+BUCKET_MS = 60_000
+"""Width of a bucket: tasks are partitioned by the minute they fall due."""
+
+DEFAULT_SHARD_COUNT = 64
+"""Shards per keyspace. Fixed when the keyspace is created and recorded in it."""
+
+MAX_SHARD_COUNT = 4096
+
+MAX_PAYLOAD_BYTES = 64 * 1024
+"""Largest encoded payload a task may carry: tasks are many and loaded a minute ahead."""
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_MS = timedelta(milliseconds=1)
+_MAX_RUN_AT_MS = (1 << 48) - 1  # the id's timestamp field: good until the year 10889
+_RAND_A_BITS = 12
+_RAND_B_BITS = 62
+_VERSION = 7
+_VARIANT = 0b10
+
+
+class Priority(enum.Enum):
+    """Which ready topic a task is published to; workers serve high:normal:low as 7:2:1."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @property
+    def code(self) -> int:
+        """Compact form for storage and messages: 0 high, 1 normal, 2 low."""
+        return _PRIORITY_CODES[self]
+
+    @classmethod
+    def from_code(cls, code: int) -> Priority:
+        try:
+            return _PRIORITIES_BY_CODE[code]
+        except (KeyError, TypeError):
+            raise InvalidTask(f"unknown priority code {code!r}: expected 0, 1 or 2") from None
+
+    @classmethod
+    def parse(cls, value: str | Priority) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise InvalidTask(f"unknown priority {value!r}: use one of {names}") from None
+
+
+_PRIORITY_CODES = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+_PRIORITIES_BY_CODE = {code: priority for priority, code in _PRIORITY_CODES.items()}
+
+
+def check_shard_count(shard_count: int) -> int:
+    if not isinstance(shard_count, int) or not 1 <= shard_count <= MAX_SHARD_COUNT:
+        raise ConfigError(f"shard count must be an integer from 1 to {MAX_SHARD_COUNT}, got {shard_count!r}")
+    return shard_count
+
+
+def check_run_at_ms(run_at_ms: int) -> int:
+    if not isinstance(run_at_ms, int) or not 0 <= run_at_ms <= _MAX_RUN_AT_MS:
+        raise InvalidTask(f"run_at must be between 1970-01-01 and the year 10889, got {run_at_ms!r} ms")
+    return run_at_ms
+
+
+def to_ms(moment: datetime) -> int:
+    """Milliseconds since the Unix epoch of an aware datetime (truncated to the ms)."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise InvalidTask(
+            f"run_at {moment.isoformat()} has no time zone: pass an aware datetime, "
+            "e.g. datetime(..., tzinfo=ZoneInfo('Asia/Kolkata')) or datetime.now(timezone.utc)"
+        )
+    return check_run_at_ms((moment - _EPOCH) // _ONE_MS)
+
+
+def from_ms(ms: int) -> datetime:
+    """The UTC datetime of a millisecond timestamp."""
+    return _EPOCH + ms * _ONE_MS
+
+
+
+def minute_bucket(run_at_ms: int) -> int:
+    """The start (ms) of the minute in which `run_at_ms` falls: the partition's time key."""
+    return run_at_ms - run_at_ms % BUCKET_MS
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TaskId:
+    """A task's identity and address; see the module docstring for the layout.
+
+    Ids order by `run_at` first, then by their random bits.
+    """
+
+    value: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, int) or not 0 <= self.value < 1 << 128:
+            raise InvalidTaskId(f"a task id is a 128-bit unsigned integer, got {self.value!r}")
+        if (self.value >> 76) & 0xF != _VERSION or (self.value >> 62) & 0b11 != _VARIANT:
+            raise InvalidTaskId(f"{uuid.UUID(int=self.value)} is not a task id (not a version-7 UUID)")
+
+    @classmethod
+    def new(cls, run_at_ms: int) -> TaskId:
+        """A fresh id for a task due at `run_at_ms`, with 74 bits from the OS's CSPRNG."""
+        return cls._compose(run_at_ms, secrets.randbits(_RAND_A_BITS + _RAND_B_BITS))
+
+    @classmethod
+    def for_key(cls, run_at_ms: int, tenant: str, idempotency_key: str) -> TaskId:
+        """The one id of the task `(tenant, idempotency_key)` due at `run_at_ms`.
+
+        The pair is hashed in an unambiguous encoding, so ("a", "bc") and ("ab", "c")
+        differ, and so do equal keys of different tenants.
+        """
+        digest = hashlib.blake2b(
+            msgpack.packb([tenant, idempotency_key]), digest_size=16, person=b"scheduler.key"
+        ).digest()
+        return cls._compose(run_at_ms, int.from_bytes(digest) >> (128 - _RAND_A_BITS - _RAND_B_BITS))
+
+    @classmethod
+    def _compose(cls, run_at_ms: int, random74: int) -> TaskId:
+        check_run_at_ms(run_at_ms)
+        rand_a = random74 >> _RAND_B_BITS
+        rand_b = random74 & ((1 << _RAND_B_BITS) - 1)
+        return cls((run_at_ms << 80) | (_VERSION << 76) | (rand_a << 64) | (_VARIANT << 62) | rand_b)
+
+    @classmethod
+    def parse(cls, text: str) -> TaskId:
+        """Read the canonical text form, e.g. `019ad6ce-4ba2-7b1e-8c4f-0d2e6b7f1a93`."""
+        try:
+            value = uuid.UUID(text.strip()).int
+        except (ValueError, AttributeError):
+            raise InvalidTaskId(f"{text!r} is not a task id: expected a UUID such as 019ad6ce-4ba2-7b1e-8c4f-0d2e6b7f1a93") from None
+        return cls(value)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TaskId:
+        if len(data) != 16:
+            raise InvalidTaskId(f"a task id is 16 bytes, got {len(data)}")
+        return cls(int.from_bytes(data))
+
+    @classmethod
+    def from_uuid(cls, value: uuid.UUID) -> TaskId:
+        return cls(value.int)
+
+    @property
+    def run_at_ms(self) -> int:
+        """The time the task was scheduled for when the id was made."""
+        return self.value >> 80
+
+    @property
+    def bytes(self) -> bytes:
+        return self.value.to_bytes(16)
+
+    @property
+    def uuid(self) -> uuid.UUID:
+        return uuid.UUID(int=self.value)
+
+    def shard(self, shard_count: int = DEFAULT_SHARD_COUNT) -> int:
+        """The shard that owns this task: stable across processes, machines and versions."""
+        return mmh3.hash(self.bytes, 0, signed=False) % shard_count
+
+    def __str__(self) -> str:
+        return str(self.uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """The Cassandra partition `(minute_bucket, shard)` that holds a task's row."""
+
+    minute_bucket: int
+    shard: int
+
+
+def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
+    """msgpack bytes of `payload`, or `InvalidPayload` saying why it cannot be a payload."""
+    try:
+        data = msgpack.packb(payload, use_bin_type=True, strict_types=False, datetime=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidPayload(
+            f"payload cannot be encoded as msgpack ({exc}); use dicts, lists, str, bytes, int, float, bool and None"
+        ) from None
+    if len(data) > max_bytes:
+        raise InvalidPayload(
+            f"payload is {len(data)} bytes encoded, over the {max_bytes}-byte limit; "
+            "store large data elsewhere and pass a reference"
+        )
+    return data
+
+
+def decode_payload(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One unit of work as stored and as fired. `payload` holds msgpack bytes.
+
+    `run_at_ms` equals `id.run_at_ms` for a first attempt; a retry is the same task
+    (same id) stored again at a later `run_at_ms` with `attempt + 1`.
+    """
+
+    id: TaskId
+    tenant: str
+    type: str
+    payload: bytes
+    run_at_ms: int
+    priority: Priority = Priority.NORMAL
+    attempt: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise InvalidTask("a task needs a tenant: a non-empty string naming who owns it")
+        if not isinstance(self.type, str) or not self.type:
+            raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        if not isinstance(self.payload, bytes):
+            raise InvalidTask("Task.payload holds msgpack bytes; encode with encode_payload()")
+        check_run_at_ms(self.run_at_ms)
+        if not isinstance(self.priority, Priority):
+            raise InvalidTask(f"priority must be a Priority, got {self.priority!r}")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise InvalidTask(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
+        if not isinstance(self.attempt, int) or not 1 <= self.attempt <= self.max_attempts:
+            raise InvalidTask(f"attempt must be from 1 to max_attempts ({self.max_attempts}), got {self.attempt!r}")
+        if self.idempotency_key is not None and (not isinstance(self.idempotency_key, str) or not self.idempotency_key):
+            raise InvalidTask("an idempotency key, when given, must be a non-empty string")
+
+    @property
+    def run_at(self) -> datetime:
+        return from_ms(self.run_at_ms)
+
+    @property
+    def minute_bucket(self) -> int:
+        return minute_bucket(self.run_at_ms)
+
+    def partition(self, shard_count: int = DEFAULT_SHARD_COUNT) -> Partition:
+        return Partition(self.minute_bucket, self.id.shard(shard_count))
+
+
+MESSAGE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What a dispatcher publishes: the task and the fencing token of the shard lease
+    under which it was fired, so a worker can drop work from a fenced-out publisher."""
+
+    task: Task
+    fence: int
+
+
+def encode_message(task: Task, fence: int) -> bytes:
+    """The queue message for `task` fired under `fence`: a msgpack array, ~30 bytes plus
+    the tenant, type, key and payload."""
+    return msgpack.packb(
+        [
+            MESSAGE_VERSION,
+            task.id.bytes,
+            task.tenant,
+            task.type,
+            task.priority.code,
+            task.run_at_ms,
+            task.attempt,
+            task.max_attempts,
+            fence,
+            task.idempotency_key,
+            task.payload,
+        ],
+        use_bin_type=True,
+    )
+
+
+def decode_message(data: bytes) -> Message:
+    """The message in `data`, or `InvalidMessage` with a reason fit for a dead letter."""
+    try:
+        fields = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise InvalidMessage(f"message is not msgpack: {exc}") from None
+    if not isinstance(fields, list) or not fields:
+        raise InvalidMessage("message is not a msgpack array")
+    if fields[0] != MESSAGE_VERSION:
+        raise InvalidMessage(f"unsupported message version {fields[0]!r} (this worker reads {MESSAGE_VERSION})")
+    if len(fields) != 11:
+        raise InvalidMessage(f"message has {len(fields)} fields, expected 11")
+    _, id_bytes, tenant, type_, priority, run_at_ms, attempt, max_attempts, fence, key, payload = fields
+    if not isinstance(id_bytes, bytes) or not isinstance(payload, bytes) or not isinstance(fence, int):
+        raise InvalidMessage("message fields have the wrong types (id, payload or fence)")
+    try:
+        task = Task(
+            id=TaskId.from_bytes(id_bytes),
+            tenant=tenant,
+            type=type_,
+            payload=payload,
+            run_at_ms=run_at_ms,
+            priority=Priority.from_code(priority),
+            attempt=attempt,
+            max_attempts=max_attempts,
+            idempotency_key=key,
+        )
+    except InvalidTask as exc:
+        raise InvalidMessage(f"message holds an invalid task: {exc}") from None
+    return Message(task, fence)

@@ -1,0 +1,304 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+import mmh3
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, InvalidTask, InvalidTaskId
+from scheduler.model import (
+    BUCKET_MS,
+    MAX_PAYLOAD_BYTES,
+    Message,
+    Priority,
+    Task,
+    TaskId,
+    check_shard_count,
+    decode_message,
+    decode_payload,
+    encode_message,
+    encode_payload,
+    from_ms,
+    minute_bucket,
+    to_ms,
+)
+
+run_at_ms = st.integers(min_value=0, max_value=(1 << 48) - 1)
+names = st.text(min_size=1, max_size=40)
+payloads = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text() | st.binary(),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=20,
+)
+
+
+def make_task(run_at: int = 1_796_202_000_250, **fields: object) -> Task:
+    values: dict[str, object] = dict(
+        id=TaskId.new(run_at), tenant="board", type="sms", payload=encode_payload({"to": "+911234"}), run_at_ms=run_at
+    )
+    values.update(fields)
+    return Task(**values)  # type: ignore[arg-type]
+
+
+# --- task ids ---------------------------------------------------------------------
+
+
+@given(run_at_ms)
+def test_task_id_carries_its_run_at_and_is_a_version_7_uuid(ms: int) -> None:
+    task_id = TaskId.new(ms)
+    assert task_id.run_at_ms == ms
+    assert task_id.uuid.version == 7
+    assert task_id.uuid.variant == uuid.RFC_4122
+
+
+@given(run_at_ms)
+def test_task_id_round_trips_through_text_bytes_and_uuid(ms: int) -> None:
+    task_id = TaskId.new(ms)
+    assert TaskId.parse(str(task_id)) == task_id
+    assert TaskId.from_bytes(task_id.bytes) == task_id
+    assert TaskId.from_uuid(task_id.uuid) == task_id
+
+
+@given(st.lists(run_at_ms, min_size=2, max_size=20))
+def test_task_ids_order_by_run_at(times: list[int]) -> None:
+    ids = [TaskId.new(ms) for ms in times]
+    assert [task_id.run_at_ms for task_id in sorted(ids)] == sorted(times)
+
+
+def test_fresh_ids_for_the_same_millisecond_differ() -> None:
+    ids = {TaskId.new(1_796_202_000_000) for _ in range(10_000)}
+    assert len(ids) == 10_000
+
+
+@given(run_at_ms, names, names)
+def test_an_idempotency_key_makes_the_same_id_every_time(ms: int, tenant: str, key: str) -> None:
+    first = TaskId.for_key(ms, tenant, key)
+    assert TaskId.for_key(ms, tenant, key) == first
+    assert first.run_at_ms == ms
+    assert first.uuid.version == 7
+
+
+def test_the_same_key_of_other_tenants_or_times_makes_other_ids() -> None:
+    ms = 1_796_202_000_000
+    assert TaskId.for_key(ms, "board", "k1") != TaskId.for_key(ms, "college", "k1")
+    assert TaskId.for_key(ms, "a", "bc") != TaskId.for_key(ms, "ab", "c")
+    assert TaskId.for_key(ms, "board", "k1") != TaskId.for_key(ms + 1, "board", "k1")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "not-a-uuid", "00000000-0000-0000-0000-000000000000", str(uuid.uuid4()), "01a235fb-6f7a-7761-ad68"],
+)
+def test_parse_refuses_what_is_not_a_task_id(text: str) -> None:
+    with pytest.raises(InvalidTaskId):
+        TaskId.parse(text)
+
+
+def test_from_bytes_refuses_the_wrong_length() -> None:
+    with pytest.raises(InvalidTaskId, match="16 bytes"):
+        TaskId.from_bytes(b"\x01" * 15)
+
+
+@pytest.mark.parametrize("ms", [-1, 1 << 48])
+def test_run_at_outside_the_id_range_is_refused(ms: int) -> None:
+    with pytest.raises(InvalidTask):
+        TaskId.new(ms)
+
+
+# --- shards -----------------------------------------------------------------------
+
+
+@given(run_at_ms, st.integers(min_value=1, max_value=4096))
+def test_shard_is_within_the_shard_count(ms: int, shard_count: int) -> None:
+    assert 0 <= TaskId.new(ms).shard(shard_count) < shard_count
+
+
+def test_shard_is_murmur3_of_the_id_bytes_pinned_to_known_values() -> None:
+    # murmur3_x86_32 with seed 0 is a published function; these values must never change,
+    # or every stored task would be looked for in the wrong partition.
+    assert mmh3.hash(b"hello", 0, signed=False) == 0x248BFA47  # the reference test vector
+    task_id = TaskId.parse("01a235fb-6f7a-7761-ad68-981e4f4f54ab")
+    assert mmh3.hash(task_id.bytes, 0, signed=False) == 3_613_573_460
+    assert task_id.shard(64) == 3_613_573_460 % 64 == 20
+    assert task_id.shard(7) == 3_613_573_460 % 7
+
+
+def test_shard_is_the_same_in_another_process() -> None:
+    ids = [TaskId.new(1_796_202_000_000 + n) for n in range(50)]
+    script = (
+        "import sys; from scheduler.model import TaskId; "
+        "print(' '.join(str(TaskId.parse(t).shard()) for t in sys.argv[1:]))"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", script, *map(str, ids)], capture_output=True, text=True, check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    ).stdout.split()
+    assert [int(shard) for shard in output] == [task_id.shard() for task_id in ids]
+
+
+def test_shards_spread_evenly_even_for_ids_of_one_millisecond() -> None:
+    counts = Counter(TaskId.new(1_796_202_000_000).shard(64) for _ in range(64_000))
+    assert len(counts) == 64
+    # 1,000 expected per shard, standard deviation ~31: 6 sigma either way.
+    assert min(counts.values()) > 800 and max(counts.values()) < 1200
+
+
+@pytest.mark.parametrize("count", [0, -1, 4097, 1.5])
+def test_bad_shard_counts_are_refused(count: object) -> None:
+    with pytest.raises(ConfigError):
+        check_shard_count(count)  # type: ignore[arg-type]
+
+
+# --- buckets and times --------------------------------------------------------------
+
+
+@given(run_at_ms)
+def test_bucket_is_the_start_of_the_minute(ms: int) -> None:
+    bucket = minute_bucket(ms)
+    assert bucket % BUCKET_MS == 0
+    assert bucket <= ms < bucket + BUCKET_MS
+
+
+def test_bucket_of_a_known_time() -> None:
+    moment = datetime(2026, 12, 2, 9, 0, 59, 999_000, tzinfo=timezone.utc)
+    assert from_ms(minute_bucket(to_ms(moment))) == datetime(2026, 12, 2, 9, 0, tzinfo=timezone.utc)
+
+
+@given(st.datetimes(min_value=datetime(1970, 1, 2), max_value=datetime(9999, 1, 1), timezones=st.just(timezone.utc)))
+def test_to_ms_and_from_ms_round_trip_to_the_millisecond(moment: datetime) -> None:
+    assert from_ms(to_ms(moment)) == moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+
+def test_to_ms_respects_the_time_zone() -> None:
+    ten_in_kolkata = datetime(2026, 12, 2, 10, 0, tzinfo=ZoneInfo("Asia/Kolkata"))
+    assert to_ms(ten_in_kolkata) == to_ms(datetime(2026, 12, 2, 4, 30, tzinfo=timezone.utc))
+
+
+def test_a_naive_datetime_is_refused_with_advice() -> None:
+    with pytest.raises(InvalidTask, match="no time zone"):
+        to_ms(datetime(2026, 12, 2, 10, 0))
+
+
+def test_a_time_before_1970_is_refused() -> None:
+    with pytest.raises(InvalidTask, match="1970"):
+        to_ms(datetime(1969, 12, 31, tzinfo=timezone.utc))
+
+
+# --- payloads, tasks and messages -------------------------------------------------------
+
+
+@given(payloads)
+def test_payloads_round_trip_through_msgpack(payload: object) -> None:
+    assert decode_payload(encode_payload(payload, max_bytes=1 << 20)) == payload
+
+
+def test_a_payload_msgpack_cannot_encode_is_refused() -> None:
+    with pytest.raises(InvalidPayload, match="msgpack"):
+        encode_payload({"when": object()})
+
+
+def test_a_payload_over_the_limit_is_refused_and_one_at_it_accepted() -> None:
+    at_limit = b"x" * (MAX_PAYLOAD_BYTES - 3)  # a bin16 header is 3 bytes
+    assert len(encode_payload(at_limit)) == MAX_PAYLOAD_BYTES
+    with pytest.raises(InvalidPayload, match="limit"):
+        encode_payload(at_limit + b"x")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("tenant", "", "tenant"),
+        ("type", "", "type"),
+        ("payload", {"not": "bytes"}, "payload"),
+        ("max_attempts", 0, "max_attempts"),
+        ("attempt", 6, "attempt"),
+        ("priority", "urgent", "priority"),
+        ("idempotency_key", "", "idempotency key"),
+        ("run_at_ms", -5, "1970"),
+    ],
+)
+def test_a_malformed_task_is_refused(field: str, value: object, match: str) -> None:
+    with pytest.raises(InvalidTask, match=match):
+        make_task(**{field: value})
+
+
+def test_priority_parse_names_the_choices() -> None:
+    assert Priority.parse("high") is Priority.HIGH
+    with pytest.raises(InvalidTask, match="high, normal, low"):
+        Priority.parse("urgent")
+
+
+def test_a_task_knows_its_partition() -> None:
+    task = make_task(run_at=1_796_202_030_000)
+    partition = task.partition(64)
+    assert partition.minute_bucket == 1_796_202_000_000
+    assert partition.shard == task.id.shard(64)
+
+
+@given(
+    run_at_ms,
+    names,
+    names,
+    st.sampled_from(list(Priority)),
+    st.integers(1, 10),
+    st.integers(0, 2**63 - 1),
+    st.none() | names,
+    st.binary(max_size=300),
+)
+def test_messages_round_trip(
+    ms: int, tenant: str, type_: str, priority: Priority, attempt: int, fence: int, key: str | None, payload: bytes
+) -> None:
+    task = Task(
+        id=TaskId.new(ms), tenant=tenant, type=type_, payload=payload, run_at_ms=ms, priority=priority,
+        attempt=attempt, max_attempts=10, idempotency_key=key,
+    )
+    assert decode_message(encode_message(task, fence)) == Message(task, fence)
+
+
+def test_a_message_costs_little_more_than_its_payload() -> None:
+    task = make_task(payload=b"p" * 160, tenant="board", type="sms")
+    overhead = len(encode_message(task, fence=123_456_789)) - len(task.payload)
+    assert overhead <= 64, overhead
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"\xc1", "not msgpack"),
+        (msgpack.packb({"a": 1}), "not a msgpack array"),
+        (msgpack.packb([2, b""]), "version"),
+        (msgpack.packb([1, b"x"]), "fields"),
+        (msgpack.packb([1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b""]), "invalid task"),
+        (msgpack.packb([1, "str-id", "t", "sms", 1, 0, 1, 1, 7, None, b""]), "wrong types"),
+        (msgpack.packb([1, TaskId.new(5).bytes, "t", "sms", 9, 5, 1, 1, 7, None, b""]), "priority"),
+    ],
+)
+def test_garbage_is_an_invalid_message_never_a_crash(data: bytes, match: str) -> None:
+    with pytest.raises(InvalidMessage, match=match):
+        decode_message(data)
+
+
+@given(st.binary(max_size=200))
+def test_no_bytes_crash_the_decoder(data: bytes) -> None:
+    try:
+        decode_message(data)
+    except InvalidMessage:
+        pass
+
+
+def test_retry_keeps_the_id_and_moves_the_time() -> None:
+    first = make_task()
+    retry = Task(
+        id=first.id, tenant=first.tenant, type=first.type, payload=first.payload,
+        run_at_ms=first.run_at_ms + 2_000, attempt=2,
+    )
+    assert retry.run_at - first.run_at == timedelta(seconds=2)
+    assert retry.id.run_at_ms == first.run_at_ms
