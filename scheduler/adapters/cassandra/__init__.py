@@ -1,0 +1,1 @@
+"""The Cassandra adapter: connection, schema, and (later) the task store."""

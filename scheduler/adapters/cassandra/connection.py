@@ -1,0 +1,71 @@
+"""Opening a Cassandra session the way the scheduler needs it.
+
+Token-aware routing (a request goes straight to a replica of its partition), the
+configured consistency for reads and writes, LOCAL_SERIAL for conditional writes.
+Failure to reach any contact point is a `StoreError` that names the addresses tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+
+from cassandra import ConsistencyLevel
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+from scheduler.errors import StoreError
+from scheduler.settings import CassandraSettings
+
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass
+class CassandraConnection:
+    cluster: Cluster
+    session: Session
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+
+    def __enter__(self) -> CassandraConnection:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def connect(settings: CassandraSettings) -> CassandraConnection:
+    """A session on the cluster in `settings`, not bound to a keyspace."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
+        consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
+        serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+        request_timeout=REQUEST_TIMEOUT_S,
+    )
+    auth = (
+        PlainTextAuthProvider(settings.username, settings.password or "")
+        if settings.username
+        else None
+    )
+    cluster = Cluster(
+        contact_points=list(settings.hosts),
+        port=settings.port,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        auth_provider=auth,
+        connect_timeout=settings.connect_timeout_s,
+    )
+    try:
+        session = cluster.connect()
+    except NoHostAvailable as exc:
+        cluster.shutdown()
+        where = ", ".join(f"{host}:{settings.port}" for host in settings.hosts)
+        raise StoreError(
+            f"cannot reach Cassandra at {where} ({exc}). Is it running? For the local cluster run "
+            "`python deploy/local/cluster.py start`; elsewhere set SCHEDULER_CASSANDRA_HOSTS and "
+            "SCHEDULER_CASSANDRA_PORT."
+        ) from exc
+    return CassandraConnection(cluster, session)

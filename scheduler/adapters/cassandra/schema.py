@@ -1,0 +1,108 @@
+"""Rendering and applying `schema.cql`, and recording the keyspace's shard count.
+
+`schema.cql` is written for cqlsh with the keyspace `scheduler`; `render` puts the
+configured keyspace name and replication in its place and qualifies every table, so
+the statements can run on any session. `apply` is idempotent: every statement is
+`IF NOT EXISTS`, and the shard count is recorded once (a conditional insert). Asking
+for a different shard count on an existing keyspace is a `SchemaConflict`, because
+every task's shard, and so its partition, depends on it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from cassandra import DriverException
+
+from scheduler.errors import SchemaConflict, StoreError
+from scheduler.settings import CassandraSettings, check_keyspace, check_replication
+from scheduler.adapters.cassandra.connection import CassandraConnection
+
+_KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = \{[^}]*\}")
+_USE = re.compile(r"USE \w+")
+_TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS) (\w+)")
+
+
+def schema_text() -> str:
+    """The text of `schema.cql` as shipped with the package."""
+    return resources.files("scheduler.adapters.cassandra").joinpath("schema.cql").read_text(encoding="utf-8")
+
+
+def split_statements(text: str) -> list[str]:
+    """CQL statements in `text`, without `--` comments or blank lines, split on `;`
+    outside quotes. Line breaks and indentation inside a statement are kept."""
+    statements: list[str] = []
+    lines: list[str] = []
+    kept: list[str] = []
+
+    def end_line() -> None:
+        line = "".join(kept).rstrip()
+        if line.strip():
+            lines.append(line)
+        kept.clear()
+
+    for line in text.splitlines():
+        in_quote = False
+        for index, char in enumerate(line):
+            if char == "'":
+                in_quote = not in_quote
+            elif not in_quote and line.startswith("--", index):
+                break
+            elif char == ";" and not in_quote:
+                end_line()
+                statements.append("\n".join(lines))
+                lines.clear()
+                continue
+            kept.append(char)
+        end_line()
+    if lines:
+        raise StoreError("schema.cql ends with a statement that has no closing ';'")
+    return [statement for statement in statements if statement]
+
+
+def render(keyspace: str, replication: str, text: str | None = None) -> list[str]:
+    """The statements of the schema for `keyspace`, tables qualified, no `USE`."""
+    check_keyspace(keyspace)
+    check_replication(replication)
+    rendered = []
+    for statement in split_statements(schema_text() if text is None else text):
+        if _KEYSPACE.fullmatch(statement):
+            rendered.append(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}")
+        elif _USE.fullmatch(statement):
+            continue
+        elif _TABLE.match(statement):
+            rendered.append(_TABLE.sub(rf"\1 {keyspace}.\2", statement, count=1))
+        else:
+            raise StoreError(f"schema.cql holds a statement the renderer does not know: {statement[:60]!r}")
+    return rendered
+
+
+@dataclass(frozen=True)
+class AppliedSchema:
+    keyspace: str
+    statements: int
+    shard_count: int
+    shard_count_recorded_now: bool
+
+
+def apply(connection: CassandraConnection, settings: CassandraSettings) -> AppliedSchema:
+    """Create the keyspace and tables if missing, and record the shard count."""
+    statements = render(settings.keyspace, settings.replication)
+    session = connection.session
+    try:
+        for statement in statements:
+            session.execute(statement)
+        row = session.execute(
+            f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('shard_count', %s) IF NOT EXISTS",
+            (str(settings.shard_count),),
+        ).one()
+    except DriverException as exc:
+        raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}") from exc
+    if not row.applied and int(row.value) != settings.shard_count:
+        raise SchemaConflict(
+            f"keyspace {settings.keyspace!r} was created with {row.value} shards, not {settings.shard_count}. "
+            "The shard count is fixed per keyspace: use the recorded count, or a new keyspace."
+        )
+    return AppliedSchema(settings.keyspace, len(statements), settings.shard_count, bool(row.applied))

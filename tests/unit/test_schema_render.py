@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.adapters.cassandra.schema import render, schema_text, split_statements
+from scheduler.errors import ConfigError, StoreError
+
+NTS = "{'class': 'NetworkTopologyStrategy', 'dc1': 3}"
+
+
+def test_the_top_level_schema_is_the_one_the_package_ships() -> None:
+    top_level = Path(__file__).resolve().parents[2] / "schema.cql"
+    assert top_level.read_text(encoding="utf-8") == schema_text()
+
+
+def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -> None:
+    statements = render("results_day", NTS)
+    assert statements[0] == f"CREATE KEYSPACE IF NOT EXISTS results_day WITH replication = {NTS}"
+    tables = statements[1:]
+    assert {s.split()[5].split(".")[0] for s in tables} == {"results_day"}
+    assert {s.split()[5] for s in tables} >= {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta"}
+    assert all(" IF NOT EXISTS " in s for s in statements)
+    assert not any(s.startswith("USE") for s in statements)
+
+
+def test_tasks_are_partitioned_by_minute_and_shard_with_a_static_fence() -> None:
+    (tasks,) = [s for s in render("ks", NTS) if ".tasks_by_bucket " in s]
+    assert "PRIMARY KEY ((minute_bucket, shard), run_at, task_id)" in tasks
+    assert "fence           bigint static" in tasks
+
+
+def test_comments_and_quoted_semicolons_are_handled() -> None:
+    text = "-- a; comment\nCREATE TABLE IF NOT EXISTS t (a text) WITH comment = 'x; -- y';\n\n-- tail\n"
+    assert split_statements(text) == ["CREATE TABLE IF NOT EXISTS t (a text) WITH comment = 'x; -- y'"]
+
+
+def test_an_unterminated_statement_is_an_error() -> None:
+    with pytest.raises(StoreError, match="closing"):
+        split_statements("CREATE TABLE IF NOT EXISTS t (a text)")
+
+
+def test_an_unknown_statement_kind_is_an_error_not_silently_run_elsewhere() -> None:
+    with pytest.raises(StoreError, match="does not know"):
+        render("ks", NTS, "DROP TABLE tasks_by_bucket;")
+
+
+@pytest.mark.parametrize("keyspace", ["", "1abc", "Upper", "a-b", "x" * 49, "ks; DROP"])
+def test_unusable_keyspace_names_are_refused(keyspace: str) -> None:
+    with pytest.raises(ConfigError, match="keyspace"):
+        render(keyspace, NTS)
+
+
+@pytest.mark.parametrize("replication", ["", "SimpleStrategy", "{'replication_factor': 1}", "{'class': 'X'}; DROP"])
+def test_unusable_replication_is_refused(replication: str) -> None:
+    with pytest.raises(ConfigError, match="replication"):
+        render("ks", replication)
