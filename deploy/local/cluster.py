@@ -1,0 +1,623 @@
+#!/usr/bin/env python3
+"""Fetch, start, stop and inspect a single-node local Cassandra, Kafka (KRaft) and ZooKeeper.
+
+The three servers run as plain JVM processes from Maven Central jars. Owns, under the
+cluster dir (SCHEDULER_CLUSTER_DIR, default ``<repo>/.cluster``):
+
+- ``lib/<server>/``: the server's jars, copied by Maven from ``maven/<server>/pom.xml``
+  (cached in the Maven local repository as Maven does), and a ``.fetched`` marker
+  holding the POM's hash: fetch skips a server whose POM did not change;
+- ``<server>/``: ``conf/`` (generated at every start, see servers.py), ``data/``,
+  ``server.log`` (the JVM's stdout and stderr; the run before is ``server.log.1``)
+  and ``pid.json`` (pid, host and ports of the running JVM);
+- the JVMs that ``start`` launched, and only those: a pid is signalled only while
+  ``/proc/<pid>/cmdline`` shows that server's main class and this dir's classpath;
+- ``.lock``: fetch, start, stop and wipe hold it, so concurrent calls run one after another.
+
+Per server::
+
+    down --start--> launched --a real client request answers--> up
+                        '--exits, or no answer by --timeout--> its log tail printed;
+                           every JVM this call launched is stopped --> down (exit 1)
+    up --stop--> SIGTERM --exits within --timeout--> down
+                    '--still alive--> SIGKILL --> down
+
+How it fails:
+
+- ``fetch``: Maven's output is printed (exit 1). Jars are copied into a scratch dir that
+  replaces ``lib/<server>/`` only when complete, so an interrupted fetch is redone.
+- ``start``: a port held by another process, or configured twice, fails before anything
+  is launched, naming the port, the server, and the variable and flag that move it
+  (exit 4). A server that exits or does not answer in time fails the call (exit 1).
+- ``stop``: a pid file whose process has gone or is no longer our server (pid recycled)
+  is removed, and nothing is signalled.
+- ``status``: exit 3 unless every selected server answers a real client request
+  (CQL query, Kafka metadata request, ZooKeeper session): an open port is not enough.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from processes import cmdline, exited, open_pidfd, port_holder, port_is_free, rss_mb
+from servers import SERVER_TYPES, ClusterError, NotReady, Server, Settings
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parent.parent
+MAVEN_DIR = HERE / "maven"
+
+EXIT_OK = 0
+EXIT_FAILED = ClusterError.exit_code
+EXIT_USAGE = 2  # argparse's own code for a bad command line
+EXIT_UNHEALTHY = 3
+EXIT_PORT_CONFLICT = 4
+EXIT_INTERRUPTED = 130
+
+SERVER_NAMES = tuple(kind.name for kind in SERVER_TYPES)
+JAVA_MAJOR = 17  # Cassandra 5.0 runs on 11 or 17, Kafka 4.1 needs 17+: 17 is the overlap.
+LOG_TAIL_LINES = 40
+LOG_TAIL_WIDTH = 300
+PROBE_INTERVAL_S = 0.5
+PROBE_TIMEOUT_S = 5.0
+CLEANUP_STOP_TIMEOUT_S = 30.0
+SIGKILL_WAIT_S = 10.0
+
+
+class PortConflict(ClusterError):
+    exit_code = EXIT_PORT_CONFLICT
+
+
+# ---------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Option:
+    """A setting: its flag wins, else its SCHEDULER_* variable, else the default."""
+
+    dest: str  # the Settings field
+    env: str
+    default: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.dest.replace("_", "-")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("cluster_dir", "SCHEDULER_CLUSTER_DIR", str(REPO_ROOT / ".cluster"),
+           "jars in <dir>/lib/<server>/; config, data, log and pid file in <dir>/<server>/"),
+    Option("host", "SCHEDULER_LOCAL_HOST", "127.0.0.1", "the address every server binds"),
+    Option("cassandra_port", "SCHEDULER_LOCAL_CASSANDRA_PORT", "9042", "Cassandra CQL native port"),
+    Option("cassandra_storage_port", "SCHEDULER_LOCAL_CASSANDRA_STORAGE_PORT", "7000",
+           "Cassandra internode (storage) port"),
+    Option("kafka_port", "SCHEDULER_LOCAL_KAFKA_PORT", "9092", "Kafka broker (PLAINTEXT) port"),
+    Option("kafka_controller_port", "SCHEDULER_LOCAL_KAFKA_CONTROLLER_PORT", "9093",
+           "Kafka KRaft controller port"),
+    Option("zookeeper_port", "SCHEDULER_LOCAL_ZOOKEEPER_PORT", "2181", "ZooKeeper client port"),
+    Option("maven_repo", "SCHEDULER_MAVEN_REPO", "",
+           "Maven local repository used by fetch (empty: Maven's own, ~/.m2/repository)"),
+)
+OPTION_BY_DEST = {option.dest: option for option in OPTIONS}
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(
+        cluster_dir=Path(args.cluster_dir).expanduser().resolve(),
+        host=args.host,
+        cassandra_port=args.cassandra_port,
+        cassandra_storage_port=args.cassandra_storage_port,
+        kafka_port=args.kafka_port,
+        kafka_controller_port=args.kafka_controller_port,
+        zookeeper_port=args.zookeeper_port,
+        maven_repo=Path(args.maven_repo).expanduser().resolve() if args.maven_repo else None,
+    )
+
+
+# ---------------------------------------------------------------- run records
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ``pid.json`` holds about a launched JVM."""
+
+    pid: int
+    host: str
+    ports: dict[str, int]
+    started_at: float
+
+
+def read_record(server: Server) -> RunRecord | None:
+    try:
+        return RunRecord(**json.loads(server.pid_file.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def is_our_server(pid: int, server: Server) -> bool:
+    """True while ``pid`` runs this server's main class on this cluster dir's classpath."""
+    args = cmdline(pid)
+    return server.main_class in args and server.classpath in args
+
+
+def running_record(server: Server) -> RunRecord | None:
+    record = read_record(server)
+    return record if record and is_our_server(record.pid, server) else None
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, width: int = LOG_TAIL_WIDTH) -> str:
+    """The last lines of a log, each cut to ``width`` (Cassandra logs its config as one 12 kB line)."""
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in tail)
+
+
+def describe_ports(host: str, ports: dict[str, int]) -> str:
+    return f"{host} " + " ".join(f"{role}={port}" for role, port in ports.items())
+
+
+# ---------------------------------------------------------------- fetch
+
+
+def pom_digest(server: Server) -> str:
+    return hashlib.sha256((MAVEN_DIR / server.name / "pom.xml").read_bytes()).hexdigest()
+
+
+def is_fetched(server: Server) -> bool:
+    marker = server.lib / ".fetched"
+    return marker.exists() and marker.read_text().strip() == pom_digest(server)
+
+
+def maven_copy(server: Server, target: Path) -> None:
+    if shutil.which("mvn") is None:
+        raise ClusterError("mvn not found: install Maven 3.8+ (e.g. `apt-get install maven`)")
+    command = ["mvn", "-B", "-q", "-Dstyle.color=never",
+               "-f", str(MAVEN_DIR / server.name / "pom.xml"),
+               "dependency:copy-dependencies", f"-Dlib.dir={target}"]
+    if server.settings.maven_repo:
+        command.append(f"-Dmaven.repo.local={server.settings.maven_repo}")
+    done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise ClusterError(
+            f"Maven could not fetch the {server.name} jars (exit {done.returncode}); check that "
+            f"Maven Central is reachable (a proxy goes in ~/.m2/settings.xml):\n{done.stdout}{done.stderr}"
+        )
+
+
+def fetch_one(server: Server) -> None:
+    """Copies the jars into a scratch dir, then swaps it in place of ``lib/<server>/``."""
+    scratch = server.lib.with_name(f".{server.name}.partial")
+    shutil.rmtree(scratch, ignore_errors=True)
+    maven_copy(server, scratch)
+    (scratch / ".fetched").write_text(pom_digest(server) + "\n")
+    shutil.rmtree(server.lib, ignore_errors=True)
+    scratch.rename(server.lib)
+
+
+def fetch(servers: list[Server]) -> None:
+    """One Maven run per server, in turn: Maven 3.8 does not lock its local repository."""
+    began = time.monotonic()
+    for server in servers:
+        if is_fetched(server):
+            print(f"{server.name}: jars up to date in {server.lib}")
+            continue
+        server_began = time.monotonic()
+        fetch_one(server)
+        jars = list(server.lib.glob("*.jar"))
+        size_mb = sum(jar.stat().st_size for jar in jars) / 2**20
+        print(f"{server.name}: fetched {len(jars)} jars ({size_mb:.0f} MB) "
+              f"in {time.monotonic() - server_began:.1f} s", flush=True)
+    print(f"fetch took {time.monotonic() - began:.1f} s")
+
+
+# ---------------------------------------------------------------- start
+
+
+def java_major(java: str) -> int | None:
+    try:
+        banner = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    except OSError:
+        return None
+    match = re.search(r'version "(\d+)', banner)
+    return int(match.group(1)) if match else None
+
+
+def find_java() -> str:
+    """The first Java 17 of: $JAVA_HOME, `java` on PATH, /usr/lib/jvm/*17*."""
+    java_home = os.environ.get("JAVA_HOME")
+    candidates = [str(Path(java_home) / "bin" / "java")] if java_home else []
+    candidates += [found for found in [shutil.which("java")] if found]
+    candidates += sorted(str(path) for path in Path("/usr/lib/jvm").glob(f"*{JAVA_MAJOR}*/bin/java"))
+    seen = {java: java_major(java) for java in dict.fromkeys(candidates)}
+    for java, major in seen.items():
+        if major == JAVA_MAJOR:
+            return java
+    found = ", ".join(f"{java} (Java {major or '?'})" for java, major in seen.items()) or "none"
+    raise ClusterError(f"no Java {JAVA_MAJOR} found (tried: {found}). Cassandra 5.0 runs on Java 11 or 17 "
+                       f"and Kafka 4.1 needs 17+: install Java {JAVA_MAJOR} (Debian: openjdk-17-jre-headless) "
+                       f"or set JAVA_HOME to one")
+
+
+def port_option_hint(server: Server, role: str) -> str:
+    option = OPTION_BY_DEST[dict(server.port_fields)[role]]
+    return f"{option.env}=<port> or {option.flag} <port>"
+
+
+def check_ports(to_launch: list[Server], all_servers: list[Server]) -> None:
+    """Fails before anything is launched if a needed port is configured twice or taken."""
+    users: dict[int, str] = {}
+    for server in all_servers:
+        for role, port in server.ports().items():
+            user = users.setdefault(port, f"{server.name} {role}")
+            if user != f"{server.name} {role}":
+                raise PortConflict(f"port {port} is configured for both the {user} port and the "
+                                   f"{server.name} {role} port: move one ({port_option_hint(server, role)})")
+    for server in to_launch:
+        for role, port in server.ports().items():
+            if not port_is_free(server.settings.host, port):
+                raise PortConflict(
+                    f"port {port} on {server.settings.host}, needed by {server.name} ({role} port), "
+                    f"is in use by {port_holder(port)}. Stop that process, or give {server.name} "
+                    f"another port with {port_option_hint(server, role)}."
+                )
+
+
+def launch(server: Server, java: str) -> tuple[subprocess.Popen[bytes], RunRecord]:
+    """Starts the JVM detached (own session, output to server.log) and records its pid."""
+    for directory in (server.conf, server.data):
+        directory.mkdir(parents=True, exist_ok=True)
+    if server.log_file.exists():
+        server.log_file.replace(server.log_file.with_name("server.log.1"))
+    argv = server.jvm_command(java)
+    with server.log_file.open("ab") as log:
+        process = subprocess.Popen(argv, cwd=server.home, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    record = RunRecord(process.pid, server.settings.host, server.ports(), time.time())
+    server.pid_file.write_text(json.dumps(asdict(record)) + "\n")
+    return process, record
+
+
+def exit_of_launched(process: subprocess.Popen[bytes]) -> Callable[[], str | None]:
+    def ended() -> str | None:
+        code = process.poll()
+        return None if code is None else f"exited with code {code}"
+    return ended
+
+
+def exit_of_running(pid: int, server: Server) -> Callable[[], str | None]:
+    def ended() -> str | None:
+        return None if is_our_server(pid, server) else "exited"
+    return ended
+
+
+def wait_ready(server: Server, record: RunRecord, ended: Callable[[], str | None],
+               deadline: float, aborted: threading.Event) -> None:
+    """Probes until the server answers; raises ClusterError on its exit, the deadline or abort."""
+    last = "no probe yet"
+    while not aborted.is_set():
+        how = ended()
+        if how is not None:
+            raise ClusterError(f"{server.name} {how} before answering")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ClusterError(f"{server.name} did not answer in time; last probe: {last}")
+        try:
+            server.probe(record.host, record.ports, timeout_s=min(PROBE_TIMEOUT_S, max(remaining, 1.0)))
+            return
+        except NotReady as exc:
+            last = str(exc)
+        time.sleep(PROBE_INTERVAL_S)
+    raise ClusterError(f"{server.name}: start interrupted")
+
+
+@dataclass
+class Outcome:
+    """What ``start`` did with one server (filled in by its thread)."""
+
+    server: Server
+    launched: subprocess.Popen[bytes] | None = None  # None: it was already running
+    record: RunRecord | None = None
+    ready_s: float | None = None
+    error: str | None = None
+
+
+def bring_up(outcome: Outcome, java: str, deadline: float, aborted: threading.Event) -> None:
+    """Launches the server unless it is already running, then waits until it answers."""
+    server, began = outcome.server, time.monotonic()
+    try:
+        record = running_record(server)
+        if record is not None:
+            print(f"{server.name}: already running (pid {record.pid})", flush=True)
+            ended = exit_of_running(record.pid, server)
+        else:
+            outcome.launched, record = launch(server, java)
+            ended = exit_of_launched(outcome.launched)
+        outcome.record = record
+        wait_ready(server, record, ended, deadline, aborted)
+        outcome.ready_s = time.monotonic() - began
+    except ClusterError as exc:
+        outcome.error = str(exc)
+
+
+def start(servers: list[Server], all_servers: list[Server], timeout_s: float) -> None:
+    """Brings every server up concurrently; on any failure stops all that this call launched."""
+    check_ports([server for server in servers if running_record(server) is None], all_servers)
+    missing = [server for server in servers if not is_fetched(server)]
+    if missing:
+        fetch(missing)
+    java = find_java()
+    outcomes = [Outcome(server) for server in servers]
+    aborted = threading.Event()
+    deadline = time.monotonic() + timeout_s
+    pool = ThreadPoolExecutor(max_workers=len(outcomes))
+    futures = [pool.submit(bring_up, outcome, java, deadline, aborted) for outcome in outcomes]
+    try:
+        for future in futures:
+            future.result()
+    except BaseException:  # Ctrl-C, or a bug: leave nothing half-up
+        aborted.set()
+        pool.shutdown()
+        stop_launched(outcomes)
+        raise
+    pool.shutdown()
+    failed = [outcome for outcome in outcomes if outcome.error]
+    if failed:
+        for outcome in failed:
+            print(f"\n{outcome.error}\n--- last {LOG_TAIL_LINES} lines of {outcome.server.log_file} ---\n"
+                  f"{log_tail(outcome.server.log_file)}\n---", file=sys.stderr)
+        stop_launched(outcomes)
+        names = ", ".join(outcome.server.name for outcome in failed)
+        raise ClusterError(f"start failed ({names}); the servers this call launched were stopped")
+    for outcome in outcomes:
+        report_ready(outcome)
+
+
+def report_ready(outcome: Outcome) -> None:
+    server, record = outcome.server, outcome.record
+    assert record is not None and outcome.ready_s is not None
+    how = "started, ready in" if outcome.launched else "already running, answered in"
+    print(f"{server.name:<10} {how} {outcome.ready_s:5.1f} s  pid {record.pid}  "
+          f"rss {rss_mb(record.pid) or 0:.0f} MB  {describe_ports(record.host, record.ports)}")
+
+
+def stop_launched(outcomes: list[Outcome]) -> None:
+    launched = [outcome for outcome in outcomes if outcome.launched]
+    stop([outcome.server for outcome in launched], CLEANUP_STOP_TIMEOUT_S)
+    for outcome in launched:
+        assert outcome.launched is not None
+        outcome.launched.poll()  # reap our exited child
+
+
+# ---------------------------------------------------------------- stop, status, wipe
+
+
+def stop(servers: list[Server], timeout_s: float) -> bool:
+    """SIGTERM to each of our running servers, SIGKILL to any alive at the deadline.
+
+    Returns False if a server survived SIGKILL.
+    """
+    pending: dict[int, tuple[Server, int]] = {}  # pidfd -> (server, pid)
+    for server in servers:
+        record = read_record(server)
+        pidfd = open_pidfd(record.pid) if record else None  # opened before the check: see processes.py
+        if record is None or pidfd is None or not is_our_server(record.pid, server):
+            stale = server.pid_file.exists()
+            server.pid_file.unlink(missing_ok=True)
+            print(f"{server.name}: not running" + (" (removed a stale pid file)" if stale else ""))
+            if pidfd is not None:
+                os.close(pidfd)
+            continue
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        pending[pidfd] = (server, record.pid)
+    signalled_at = time.monotonic()
+
+    def stopped(pidfd: int, how: str) -> None:
+        server, pid = pending.pop(pidfd)
+        os.close(pidfd)
+        server.pid_file.unlink(missing_ok=True)
+        print(f"{server.name}: {how} (pid {pid}, {time.monotonic() - signalled_at:.1f} s after SIGTERM)")
+
+    while pending and (remaining := signalled_at + timeout_s - time.monotonic()) > 0:
+        for pidfd in exited(pending, remaining):
+            stopped(pidfd, "stopped")
+    for pidfd in list(pending):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        if exited([pidfd], SIGKILL_WAIT_S):
+            stopped(pidfd, f"killed (SIGTERM not obeyed within {timeout_s:g} s)")
+    for pidfd, (server, pid) in pending.items():
+        print(f"{server.name}: pid {pid} survived SIGKILL", file=sys.stderr)
+        os.close(pidfd)
+    return not pending
+
+
+def server_status(server: Server, timeout_s: float) -> dict[str, Any]:
+    """The ``status --json`` entry of one server."""
+    record = running_record(server)
+    host, ports = (record.host, record.ports) if record else (server.settings.host, server.ports())
+    state = "down"
+    if record:
+        try:
+            server.probe(host, ports, timeout_s)
+            state = "up"
+        except NotReady:
+            state = "unhealthy"
+    return {
+        "state": state,
+        "pid": record.pid if record else None,
+        "host": host,
+        "port": next(iter(ports.values())),
+        "ports": ports,
+        "rss_mb": rss_mb(record.pid) if record else None,
+        "data_dir": str(server.home),
+        "log": str(server.log_file),
+    }
+
+
+STATE_TEXT = {"up": "up", "unhealthy": "running, NOT answering", "down": "stopped"}
+
+
+def status(servers: list[Server], as_json: bool, timeout_s: float) -> bool:
+    """Prints each server's state; True if all answer."""
+    with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+        entries = list(pool.map(lambda server: server_status(server, timeout_s), servers))
+    reports = {server.name: entry for server, entry in zip(servers, entries, strict=True)}
+    if as_json:
+        print(json.dumps(reports, indent=2))
+    else:
+        print(f"{'server':<10} {'state':<22} {'pid':>7} {'rss MB':>7}  {'ports':<40} data dir")
+        for name, report in reports.items():
+            print(f"{name:<10} {STATE_TEXT[report['state']]:<22} {report['pid'] or '-':>7} "
+                  f"{report['rss_mb'] or '-':>7}  {describe_ports(report['host'], report['ports']):<40} "
+                  f"{report['data_dir']}")
+    return all(report["state"] == "up" for report in reports.values())
+
+
+def wipe(servers: list[Server], timeout_s: float) -> None:
+    if not stop(servers, timeout_s):
+        raise ClusterError("a server could not be stopped, so no data was deleted")
+    for server in servers:
+        shutil.rmtree(server.home, ignore_errors=True)
+        print(f"{server.name}: deleted {server.home}")
+
+
+# ---------------------------------------------------------------- command line
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"not a TCP port: {text!r}")
+    return int(text)
+
+
+def server_list(text: str) -> list[str]:
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = names - set(SERVER_NAMES)
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown server(s) {', '.join(sorted(unknown)) or repr(text)}; choose from {','.join(SERVER_NAMES)}")
+    return [name for name in SERVER_NAMES if name in names]
+
+
+def shared_options() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--only", type=server_list, default=list(SERVER_NAMES), metavar="LIST",
+                        help=f"comma-separated subset of {','.join(SERVER_NAMES)} (default: all three)")
+    group = parser.add_argument_group("settings (a flag wins over its environment variable)")
+    for option in OPTIONS:
+        group.add_argument(
+            option.flag, default=os.environ.get(option.env, option.default), metavar=option.env,
+            type=port_number if option.dest.endswith("port") else str,
+            help=f"{option.help} (default {option.default or 'none'})",
+        )
+    return parser
+
+
+def add_timeout(parser: argparse.ArgumentParser, default_s: float, what: str) -> None:
+    parser.add_argument("--timeout", type=float, default=default_s, metavar="S",
+                        help=f"{what} (default {default_s:.0f})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    shared = shared_options()
+    parser = argparse.ArgumentParser(
+        prog="cluster.py",
+        description="Fetch, start, stop and inspect a single-node local Cassandra 5.0, Kafka 4.1 "
+                    "(KRaft) and ZooKeeper 3.9, run as JVM processes from Maven Central jars.",
+        epilog=f"Exit codes: {EXIT_OK} ok; {EXIT_FAILED} failed; {EXIT_USAGE} bad command line; "
+               f"{EXIT_UNHEALTHY} (status) a server is not answering; {EXIT_PORT_CONFLICT} (start) a port "
+               f"is taken or configured twice. Settings, each also read from its environment variable: "
+               + ", ".join(option.env for option in OPTIONS) + " (see `cluster.py start --help`).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    commands.add_parser("fetch", parents=[shared],
+                        help="resolve the jars with Maven; skipped for a server whose POM did not change")
+    start_parser = commands.add_parser(
+        "start", parents=[shared],
+        help="fetch if needed, start each server not running, wait until each answers")
+    add_timeout(start_parser, 180, "seconds for every server to answer")
+    stop_parser = commands.add_parser("stop", parents=[shared], help="stop the servers this tool started")
+    add_timeout(stop_parser, 60, "seconds to wait after SIGTERM before SIGKILL")
+    status_parser = commands.add_parser(
+        "status", parents=[shared], help=f"state of each server; exit {EXIT_UNHEALTHY} unless all answer")
+    status_parser.add_argument(
+        "--json", action="store_true",
+        help='print one JSON object: {"<server>": {"state": "up"|"unhealthy"|"down", "pid", '
+             '"host", "port", "ports", "rss_mb", "data_dir", "log"}, ...}')
+    add_timeout(status_parser, PROBE_TIMEOUT_S, "seconds each probe may take")
+    wipe_parser = commands.add_parser("wipe", parents=[shared],
+                                      help="stop, then delete data, config and logs (not the jars)")
+    add_timeout(wipe_parser, 60, "seconds to wait after SIGTERM before SIGKILL")
+    return parser
+
+
+def quiet_client_libraries() -> None:
+    """The probes report failures themselves; the clients' own retry chatter is noise."""
+    for name in ("cassandra", "kazoo"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+@contextmanager
+def cluster_lock(cluster_dir: Path) -> Iterator[None]:
+    """Serialises the commands that change a cluster dir: a second `start` (say, from a
+    parallel test worker) waits, then finds the servers "already running"."""
+    cluster_dir.mkdir(parents=True, exist_ok=True)
+    with (cluster_dir / ".lock").open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another cluster.py working on {cluster_dir} ...", flush=True)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    all_servers = [kind(settings) for kind in SERVER_TYPES]
+    servers = [server for server in all_servers if server.name in args.only]
+    if args.command == "status":  # reads only: no lock
+        return EXIT_OK if status(servers, args.json, args.timeout) else EXIT_UNHEALTHY
+    with cluster_lock(settings.cluster_dir):
+        if args.command == "fetch":
+            fetch(servers)
+        elif args.command == "start":
+            start(servers, all_servers, args.timeout)
+        elif args.command == "stop":
+            return EXIT_OK if stop(servers, args.timeout) else EXIT_FAILED
+        elif args.command == "wipe":
+            wipe(servers, args.timeout)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_client_libraries()
+    try:
+        return run(args)
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
