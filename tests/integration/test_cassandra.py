@@ -1,0 +1,142 @@
+"""Against the real Cassandra: the schema applies idempotently, a task row round-trips,
+and the static `fence` column behaves as the fencing design relies on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from scheduler.adapters.cassandra import schema
+from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.cli import Exit
+from scheduler.errors import SchemaConflict
+from scheduler.model import Priority, Task, TaskId, encode_payload
+from scheduler.settings import CassandraSettings
+from tests.integration.conftest import Cluster, unique_name
+
+
+def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
+    rows = cassandra.session.execute(
+        "SELECT table_name FROM system_schema.tables WHERE keyspace_name = %s", (keyspace,)
+    )
+    return {row.table_name for row in rows}
+
+
+def test_schema_apply_is_idempotent_and_records_the_shard_count(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    assert tables_of(cassandra, keyspace.keyspace) == {"meta", "tasks_by_bucket", "shards"}
+    again = schema.apply(cassandra, keyspace)
+    assert again.shard_count_recorded_now is False
+    assert again.shard_count == 64
+    assert tables_of(cassandra, keyspace.keyspace) == {"meta", "tasks_by_bucket", "shards"}
+
+
+def test_another_shard_count_for_an_existing_keyspace_is_refused(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    other = CassandraSettings(hosts=keyspace.hosts, port=keyspace.port, keyspace=keyspace.keyspace, shard_count=32)
+    with pytest.raises(SchemaConflict, match="created with 64 shards, not 32"):
+        schema.apply(cassandra, other)
+    row = cassandra.session.execute(f"SELECT value FROM {keyspace.keyspace}.meta WHERE name = 'shard_count'").one()
+    assert row.value == "64"
+
+
+def test_a_task_row_round_trips(cassandra: CassandraConnection, keyspace: CassandraSettings) -> None:
+    run_at = 1_796_202_000_250
+    task = Task(
+        id=TaskId.for_key(run_at, "board", "result-sms-0001"),
+        tenant="board",
+        type="sms",
+        payload=encode_payload({"to": "+919800000001", "text": "Your result is out"}),
+        run_at_ms=run_at,
+        priority=Priority.HIGH,
+        max_attempts=7,
+        idempotency_key="result-sms-0001",
+    )
+    partition = task.partition(64)
+    session = cassandra.session
+    insert = session.prepare(
+        f"INSERT INTO {keyspace.keyspace}.tasks_by_bucket (minute_bucket, shard, run_at, task_id, tenant, type, "
+        "priority, payload, attempt, max_attempts, idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    session.execute(
+        insert,
+        (partition.minute_bucket, partition.shard, task.run_at_ms, task.id.uuid, task.tenant, task.type,
+         task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key),
+    )
+    select = session.prepare(
+        f"SELECT run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, status "
+        f"FROM {keyspace.keyspace}.tasks_by_bucket WHERE minute_bucket = ? AND shard = ?"
+    )
+    (row,) = list(session.execute(select, (partition.minute_bucket, partition.shard)))
+    read_back = Task(
+        id=TaskId.from_uuid(row.task_id), tenant=row.tenant, type=row.type, payload=row.payload,
+        run_at_ms=int(row.run_at.timestamp() * 1000), priority=Priority.from_code(row.priority),
+        attempt=row.attempt, max_attempts=row.max_attempts, idempotency_key=row.idempotency_key,
+    )
+    assert read_back == task
+    assert row.status is None
+
+
+def test_the_static_fence_accepts_only_a_first_write_then_higher_or_equal_tokens(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    session = cassandra.session
+    table = f"{keyspace.keyspace}.tasks_by_bucket"
+    where = "WHERE minute_bucket = 1796202000000 AND shard = 7"
+
+    def fence() -> int | None:
+        row = session.execute(f"SELECT fence FROM {table} {where} LIMIT 1").one()
+        return None if row is None else row.fence
+
+    # A never-written static column is null and null compares false: the design's first write
+    # must use `IF fence = null`.
+    assert session.execute(f"UPDATE {table} SET fence = 5 {where} IF fence <= 5").one().applied is False
+    assert fence() is None
+    assert session.execute(f"UPDATE {table} SET fence = 5 {where} IF fence = null").one().applied is True
+    assert session.execute(f"UPDATE {table} SET fence = 6 {where} IF fence = null").one().applied is False
+    stale = session.execute(f"UPDATE {table} SET fence = 4 {where} IF fence <= 4").one()
+    assert stale.applied is False
+    assert stale.fence == 5
+    assert fence() == 5
+    assert session.execute(f"UPDATE {table} SET fence = 8 {where} IF fence <= 8").one().applied is True
+    assert fence() == 8
+
+
+@pytest.fixture
+def spare_keyspace(cassandra: CassandraConnection) -> Iterator[str]:
+    name = unique_name("t")
+    yield name
+    cassandra.session.execute(f"DROP KEYSPACE IF EXISTS {name}")
+
+
+def test_the_schema_apply_command_is_safe_to_repeat_and_refuses_a_new_shard_count(
+    cluster: Cluster, spare_keyspace: str
+) -> None:
+    env = {
+        **os.environ,
+        "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
+        "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
+        "SCHEDULER_KEYSPACE": spare_keyspace,
+    }
+
+    def apply(*flags: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", "from scheduler.cli import main; main()", "schema", "apply", *flags],
+            capture_output=True, text=True, env=env, timeout=90,
+        )
+
+    first = apply()
+    assert first.returncode == Exit.OK, first.stderr
+    assert "64 shards (recorded now)" in first.stdout
+    second = apply()
+    assert second.returncode == Exit.OK, second.stderr
+    assert "64 shards (as recorded before)" in second.stdout
+    conflict = apply("--shards", "32")
+    assert conflict.returncode == Exit.CONFLICT
+    assert "created with 64 shards, not 32" in conflict.stderr
