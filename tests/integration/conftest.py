@@ -22,18 +22,19 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection, connect
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
+from tests.conftest import EXTERNAL_CLUSTER_VARIABLES
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_COMMAND = [sys.executable, str(REPO / "deploy" / "local" / "cluster.py")]
-EXTERNAL_VARIABLES = ("SCHEDULER_CASSANDRA_HOSTS", "SCHEDULER_KAFKA_BOOTSTRAP", "SCHEDULER_ZOOKEEPER_HOSTS")
 START_TIMEOUT_S = 300
 SERVERS = ("cassandra", "kafka", "zookeeper")
 
@@ -46,21 +47,25 @@ class Cluster:
     local: bool
 
 
-def local_status() -> dict[str, dict[str, object]]:
+Status = dict[str, dict[str, Any]]
+
+
+def local_status() -> Status:
     result = subprocess.run([*CLUSTER_COMMAND, "status", "--json"], capture_output=True, text=True, timeout=60)
     if not result.stdout.strip():
         raise RuntimeError(f"deploy/local/cluster.py status printed nothing: {result.stderr}")
-    return json.loads(result.stdout)
+    status: Status = json.loads(result.stdout)
+    return status
 
 
-def all_up(status: dict[str, dict[str, object]]) -> bool:
+def all_up(status: Status) -> bool:
     return all(status.get(server, {}).get("state") == "up" for server in SERVERS)
 
 
-def local_cluster(status: dict[str, dict[str, object]]) -> Cluster:
+def local_cluster(status: Status) -> Cluster:
     host = os.environ.get("SCHEDULER_LOCAL_HOST", "127.0.0.1")
     return Cluster(
-        cassandra=CassandraSettings(hosts=(host,), port=int(status["cassandra"]["port"])),  # type: ignore[arg-type]
+        cassandra=CassandraSettings(hosts=(host,), port=int(status["cassandra"]["port"])),
         kafka=KafkaSettings(bootstrap=f"{host}:{status['kafka']['port']}"),
         zookeeper=ZooKeeperSettings(hosts=f"{host}:{status['zookeeper']['port']}"),
         local=True,
@@ -69,7 +74,7 @@ def local_cluster(status: dict[str, dict[str, object]]) -> Cluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    if any(os.environ.get(variable) for variable in EXTERNAL_VARIABLES):
+    if any(os.environ.get(variable) for variable in EXTERNAL_CLUSTER_VARIABLES):
         yield Cluster(CassandraSettings.from_env(), KafkaSettings.from_env(), ZooKeeperSettings.from_env(), local=False)
         return
     status = local_status()

@@ -10,10 +10,12 @@ import pytest
 from tests.integration.conftest import CLUSTER_COMMAND, SERVERS, Cluster, local_status
 
 
+pytestmark = pytest.mark.local_cluster
+
+
 @pytest.fixture
 def local(cluster: Cluster) -> Cluster:
-    if not cluster.local:
-        pytest.skip("the tests run against a cluster named by SCHEDULER_* variables, not deploy/local")
+    assert cluster.local, "tests marked local_cluster are deselected when SCHEDULER_* names a cluster"
     return cluster
 
 
