@@ -20,9 +20,11 @@ demo: install
 # The local cluster is left running afterwards, so the next run starts in seconds;
 # `make cluster-stop` ends it.
 test: install cluster-start
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
 unit: install
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest tests/unit
 
 cluster-start: install

@@ -223,7 +223,7 @@ class Partition:
 def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     """msgpack bytes of `payload`, or `InvalidPayload` saying why it cannot be a payload."""
     try:
-        data = msgpack.packb(payload, use_bin_type=True, strict_types=False, datetime=False)
+        data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidPayload(
             f"payload cannot be encoded as msgpack ({exc}); use dicts, lists, str, bytes, int, float, bool and None"
@@ -302,7 +302,7 @@ class Message:
 def encode_message(task: Task, fence: int) -> bytes:
     """The queue message for `task` fired under `fence`: a msgpack array, ~30 bytes plus
     the tenant, type, key and payload."""
-    return msgpack.packb(
+    message: bytes = msgpack.packb(
         [
             MESSAGE_VERSION,
             task.id.bytes,
@@ -318,6 +318,7 @@ def encode_message(task: Task, fence: int) -> bytes:
         ],
         use_bin_type=True,
     )
+    return message
 
 
 def decode_message(data: bytes) -> Message:

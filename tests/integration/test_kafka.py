@@ -53,9 +53,11 @@ def test_task_messages_are_produced_and_consumed_whole_and_in_partition_order(
             if message is None:
                 continue
             assert message.error() is None, message.error()
-            decoded = decode_message(message.value())
+            value, at = message.value(), message.partition()
+            assert value is not None and at is not None
+            decoded = decode_message(value)
             assert decoded.fence == 42
-            received[message.partition()].append(decoded.task)
+            received[at].append(decoded.task)
     finally:
         consumer.close()
     assert sum(map(len, received.values())) == COUNT

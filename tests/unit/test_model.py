@@ -5,6 +5,7 @@ import sys
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import mmh3
@@ -40,7 +41,7 @@ payloads = st.recursive(
 )
 
 
-def make_task(run_at: int = 1_796_202_000_250, **fields: object) -> Task:
+def make_task(run_at: int = 1_796_202_000_250, **fields: Any) -> Task:
     values: dict[str, object] = dict(
         id=TaskId.new(run_at), tenant="board", type="sms", payload=encode_payload({"to": "+911234"}), run_at_ms=run_at
     )
@@ -225,7 +226,7 @@ def test_a_payload_over_the_limit_is_refused_and_one_at_it_accepted() -> None:
         ("run_at_ms", -5, "1970"),
     ],
 )
-def test_a_malformed_task_is_refused(field: str, value: object, match: str) -> None:
+def test_a_malformed_task_is_refused(field: str, value: Any, match: str) -> None:
     with pytest.raises(InvalidTask, match=match):
         make_task(**{field: value})
 
