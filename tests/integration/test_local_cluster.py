@@ -1,13 +1,18 @@
-"""The local cluster as the tests found it: all three servers up and answering, and a
-second `start` changes nothing."""
+"""The local cluster as the tests found it: all three servers up and answering, a
+second `start` changes nothing, and a server killed with SIGKILL is seen as down and
+brought back by `start`."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
 import pytest
+from kazoo.client import KazooClient
 
 from tests.integration.conftest import CLUSTER_COMMAND, SERVERS, Cluster, local_status
+from tests.support import wait_until
 
 
 pytestmark = pytest.mark.local_cluster
@@ -34,3 +39,22 @@ def test_start_again_is_harmless(local: Cluster) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("already running") >= 3
     assert {server: entry["pid"] for server, entry in local_status().items()} == before
+
+
+def test_a_server_killed_with_sigkill_shows_down_and_start_brings_it_back(local: Cluster) -> None:
+    killed = local_status()["zookeeper"]["pid"]
+    os.kill(killed, signal.SIGKILL)
+    wait_until(lambda: local_status()["zookeeper"]["state"] == "down", timeout_s=15, what="zookeeper to show down")
+    result = subprocess.run([*CLUSTER_COMMAND, "start"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "zookeeper  started" in result.stdout
+    restarted = local_status()["zookeeper"]
+    assert restarted["state"] == "up"
+    assert restarted["pid"] != killed
+    client = KazooClient(hosts=local.zookeeper.hosts, timeout=10)
+    client.start(timeout=15)
+    try:
+        assert client.get("/")[1] is not None
+    finally:
+        client.stop()
+        client.close()
