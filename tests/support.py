@@ -1,11 +1,16 @@
-"""Helpers shared by the tests: waiting on a condition with a deadline, never sleeping
-and hoping."""
+"""Helpers shared by the tests: waiting on a condition with a deadline (never sleeping
+and hoping), running the `scheduler` command, and ZooKeeper sessions."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TypeVar
+
+from kazoo.client import KazooClient
 
 T = TypeVar("T")
 
@@ -21,3 +26,23 @@ def wait_until(condition: Callable[[], T], *, timeout_s: float, interval_s: floa
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:
+    """`scheduler ARGS...` in a new process, as a user runs it: exit code, stdout, stderr."""
+    return subprocess.run(
+        [sys.executable, "-c", "from scheduler.cli import main; main()", *args],
+        capture_output=True, text=True, env=env, timeout=timeout_s,
+    )
+
+
+@contextmanager
+def zookeeper_session(hosts: str) -> Iterator[KazooClient]:
+    """A started kazoo client on `hosts` (which may end in a chroot), closed afterwards."""
+    client = KazooClient(hosts=hosts, timeout=10)
+    client.start(timeout=15)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

@@ -32,6 +32,7 @@ from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection, connect
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 from tests.conftest import EXTERNAL_CLUSTER_VARIABLES
+from tests.support import zookeeper_session
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_COMMAND = [sys.executable, str(REPO / "deploy" / "local" / "cluster.py")]
@@ -110,7 +111,7 @@ def unique_name(prefix: str) -> str:
 def keyspace(cluster: Cluster, cassandra: CassandraConnection) -> Iterator[CassandraSettings]:
     """A fresh keyspace with the schema applied; dropped after the test."""
     settings = CassandraSettings(
-        hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=unique_name("t"), consistency="LOCAL_QUORUM"
+        hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=unique_name("t")
     )
     schema.apply(cassandra, settings)
     yield settings
@@ -134,11 +135,8 @@ def kafka_topic(kafka_admin: AdminClient) -> Iterator[str]:
 @pytest.fixture
 def zk_root(cluster: Cluster) -> Iterator[KazooClient]:
     """A client at the ZooKeeper root, for making and removing chroots."""
-    client = KazooClient(hosts=cluster.zookeeper.hosts, timeout=10)
-    client.start(timeout=15)
-    yield client
-    client.stop()
-    client.close()
+    with zookeeper_session(cluster.zookeeper.hosts) as client:
+        yield client
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ from scheduler.errors import SchemaConflict
 from scheduler.model import Priority, Task, TaskId, encode_payload
 from scheduler.settings import CassandraSettings
 from tests.integration.conftest import Cluster, unique_name
+from tests.support import run_cli
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
@@ -126,10 +126,7 @@ def test_the_schema_apply_command_is_safe_to_repeat_and_refuses_a_new_shard_coun
     }
 
     def apply(*flags: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", "from scheduler.cli import main; main()", "schema", "apply", *flags],
-            capture_output=True, text=True, env=env, timeout=90,
-        )
+        return run_cli("schema", "apply", *flags, env=env)
 
     first = apply()
     assert first.returncode == Exit.OK, first.stderr

@@ -9,11 +9,9 @@ import signal
 import subprocess
 
 import pytest
-from kazoo.client import KazooClient
 
 from tests.integration.conftest import CLUSTER_COMMAND, SERVERS, Cluster, local_status
-from tests.support import wait_until
-
+from tests.support import wait_until, zookeeper_session
 
 pytestmark = pytest.mark.local_cluster
 
@@ -51,10 +49,5 @@ def test_a_server_killed_with_sigkill_shows_down_and_start_brings_it_back(local:
     restarted = local_status()["zookeeper"]
     assert restarted["state"] == "up"
     assert restarted["pid"] != killed
-    client = KazooClient(hosts=local.zookeeper.hosts, timeout=10)
-    client.start(timeout=15)
-    try:
+    with zookeeper_session(local.zookeeper.hosts) as client:
         assert client.get("/")[1] is not None
-    finally:
-        client.stop()
-        client.close()

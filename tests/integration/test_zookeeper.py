@@ -3,20 +3,11 @@
 
 from __future__ import annotations
 
-from kazoo.client import KazooClient
-
-from tests.support import wait_until
-
-
-def connected(hosts: str) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=10)
-    client.start(timeout=15)
-    return client
+from tests.support import wait_until, zookeeper_session
 
 
 def test_a_recreated_ephemeral_lease_has_a_larger_czxid_each_time(zk_chroot: str) -> None:
-    client = connected(zk_chroot)
-    try:
+    with zookeeper_session(zk_chroot) as client:
         client.ensure_path("/leases")
         tokens = []
         for _ in range(4):
@@ -24,26 +15,18 @@ def test_a_recreated_ephemeral_lease_has_a_larger_czxid_each_time(zk_chroot: str
             _, stat = client.get("/leases/7")
             tokens.append(stat.czxid)
             client.delete("/leases/7")
-        assert tokens == sorted(set(tokens)), tokens
-    finally:
-        client.stop()
-        client.close()
+    assert tokens == sorted(set(tokens)), tokens
 
 
 def test_an_ephemeral_lease_goes_with_its_session_and_the_next_one_fences_it(zk_chroot: str) -> None:
-    observer = connected(zk_chroot)
-    holder = connected(zk_chroot)
-    try:
-        observer.ensure_path("/leases")
-        holder.create("/leases/3", b"dispatcher-a", ephemeral=True)
-        first_token = observer.get("/leases/3")[1].czxid
-        holder.stop()  # closing the session deletes its ephemeral nodes
+    with zookeeper_session(zk_chroot) as observer:
+        with zookeeper_session(zk_chroot) as holder:
+            observer.ensure_path("/leases")
+            holder.create("/leases/3", b"dispatcher-a", ephemeral=True)
+            first_token = observer.get("/leases/3")[1].czxid
+        # The holder's session is closed now, and its ephemeral node with it.
         wait_until(lambda: observer.exists("/leases/3") is None, timeout_s=10, what="the lease to vanish")
         observer.create("/leases/3", b"dispatcher-b", ephemeral=True)
         data, stat = observer.get("/leases/3")
         assert data == b"dispatcher-b"
         assert stat.czxid > first_token
-    finally:
-        holder.close()
-        observer.stop()
-        observer.close()

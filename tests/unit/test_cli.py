@@ -1,19 +1,10 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from click.testing import CliRunner
 
 from scheduler.cli import Exit, cli, main
-
-
-def run_main(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from scheduler.cli import main; main()", *args],
-        capture_output=True, text=True, timeout=60,
-    )
+from tests.support import run_cli
 
 
 def test_schema_show_prints_the_schema_for_the_chosen_keyspace() -> None:
@@ -37,13 +28,13 @@ def test_every_command_has_help(command: list[str]) -> None:
 
 
 def test_a_bad_keyspace_is_a_usage_error_with_the_reason() -> None:
-    result = run_main("schema", "show", "--keyspace", "Bad-Name")
+    result = run_cli("schema", "show", "--keyspace", "Bad-Name")
     assert result.returncode == Exit.USAGE
     assert "keyspace 'Bad-Name' is not usable" in result.stderr
 
 
 def test_an_unreachable_cassandra_is_its_own_exit_code_with_advice() -> None:
-    result = run_main("schema", "apply", "--port", "1")
+    result = run_cli("schema", "apply", "--port", "1")
     assert result.returncode == Exit.UNAVAILABLE
     assert "cannot reach Cassandra at 127.0.0.1:1" in result.stderr
     assert "deploy/local/cluster.py start" in result.stderr

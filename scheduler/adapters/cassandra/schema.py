@@ -16,9 +16,9 @@ from importlib import resources
 
 from cassandra import DriverException
 
+from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.settings import CassandraSettings, check_keyspace, check_replication
-from scheduler.adapters.cassandra.connection import CassandraConnection
 
 _KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = \{[^}]*\}")
 _USE = re.compile(r"USE \w+")
