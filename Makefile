@@ -20,10 +20,12 @@ demo: install
 # The local cluster is left running afterwards, so the next run starts in seconds;
 # `make cluster-stop` ends it.
 test: install cluster-start
+	$(BIN)/ruff check
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest
 
 unit: install
+	$(BIN)/ruff check
 	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest tests/unit
 
