@@ -16,7 +16,7 @@ import click
 
 from scheduler import __version__
 from scheduler.errors import ConfigError, SchedulerError, SchemaConflict, StoreError
-from scheduler.settings import CONSISTENCY_LEVELS, LOCAL_REPLICATION, CassandraSettings, split_hosts
+from scheduler.settings import CASSANDRA_ENV, CONSISTENCY_LEVELS, CassandraSettings, split_hosts
 
 
 class Exit(IntEnum):
@@ -31,26 +31,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def cassandra_options(function: F) -> F:
-    """The options that say where the Cassandra cluster and keyspace are."""
+    """The options that say where the Cassandra cluster and keyspace are; their defaults
+    and variables are those of `CassandraSettings`."""
+    defaults = CassandraSettings()
+
+    def option(flag: str, field: str, help: str, **kwargs: Any) -> Callable[[F], F]:
+        kwargs.setdefault("default", getattr(defaults, field))
+        return click.option(flag, field, envvar=CASSANDRA_ENV[field], show_envvar=True, show_default=True,
+                            help=help, **kwargs)
+
     options = [
-        click.option("--hosts", envvar="SCHEDULER_CASSANDRA_HOSTS", default="127.0.0.1", show_default=True,
-                     show_envvar=True, help="Cassandra contact points, comma-separated."),
-        click.option("--port", envvar="SCHEDULER_CASSANDRA_PORT", type=int, default=9042, show_default=True,
-                     show_envvar=True, help="Cassandra native-protocol port."),
-        click.option("--keyspace", envvar="SCHEDULER_KEYSPACE", default="scheduler", show_default=True,
-                     show_envvar=True, help="Keyspace holding the scheduler's tables."),
-        click.option("--replication", envvar="SCHEDULER_REPLICATION", default=LOCAL_REPLICATION,
-                     show_default=True, show_envvar=True,
-                     help="CQL replication map used when the keyspace is created, e.g. "
-                          "\"{'class': 'NetworkTopologyStrategy', 'dc1': 3}\" in production."),
-        click.option("--consistency", envvar="SCHEDULER_CONSISTENCY", default="LOCAL_QUORUM", show_default=True,
-                     show_envvar=True, type=click.Choice(CONSISTENCY_LEVELS), help="Consistency of reads and writes."),
-        click.option("--shards", "shard_count", envvar="SCHEDULER_SHARDS_TOTAL", type=int, default=64,
-                     show_default=True, show_envvar=True,
-                     help="Shards per keyspace; fixed when the keyspace is created."),
+        option("--hosts", "hosts", "Cassandra contact points, comma-separated.", default=",".join(defaults.hosts)),
+        option("--port", "port", "Cassandra native-protocol port.", type=int),
+        option("--keyspace", "keyspace", "Keyspace holding the scheduler's tables."),
+        option("--replication", "replication",
+               "CQL replication map used when the keyspace is created, e.g. "
+               "\"{'class': 'NetworkTopologyStrategy', 'dc1': 3}\" in production."),
+        option("--consistency", "consistency", "Consistency of reads and writes.",
+               type=click.Choice(CONSISTENCY_LEVELS)),
+        option("--shards", "shard_count", "Shards per keyspace; fixed when the keyspace is created.", type=int),
     ]
-    for option in reversed(options):
-        function = option(function)
+    for decorate in reversed(options):
+        function = decorate(function)
     return function
 
 

@@ -67,26 +67,32 @@ class CassandraSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: object) -> CassandraSettings:
-        """Settings from `SCHEDULER_CASSANDRA_*` etc.; keyword overrides win over the environment."""
+        """Settings from the variables in `CASSANDRA_ENV`; keyword overrides win over them."""
         values: dict[str, object] = {}
-        if hosts := env.get("SCHEDULER_CASSANDRA_HOSTS"):
-            values["hosts"] = split_hosts(hosts)
-        if port := env.get("SCHEDULER_CASSANDRA_PORT"):
-            values["port"] = parse_int("SCHEDULER_CASSANDRA_PORT", port)
-        for key, var in (
-            ("keyspace", "SCHEDULER_KEYSPACE"),
-            ("replication", "SCHEDULER_REPLICATION"),
-            ("consistency", "SCHEDULER_CONSISTENCY"),
-            ("local_dc", "SCHEDULER_CASSANDRA_LOCAL_DC"),
-            ("username", "SCHEDULER_CASSANDRA_USERNAME"),
-            ("password", "SCHEDULER_CASSANDRA_PASSWORD"),
-        ):
-            if value := env.get(var):
-                values[key] = value
-        if shards := env.get("SCHEDULER_SHARDS_TOTAL"):
-            values["shard_count"] = parse_int("SCHEDULER_SHARDS_TOTAL", shards)
+        for key, variable in CASSANDRA_ENV.items():
+            if text := env.get(variable):
+                if key == "hosts":
+                    values[key] = split_hosts(text)
+                elif key in ("port", "shard_count"):
+                    values[key] = parse_int(variable, text)
+                else:
+                    values[key] = text
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+CASSANDRA_ENV = {
+    "hosts": "SCHEDULER_CASSANDRA_HOSTS",
+    "port": "SCHEDULER_CASSANDRA_PORT",
+    "keyspace": "SCHEDULER_KEYSPACE",
+    "replication": "SCHEDULER_REPLICATION",
+    "consistency": "SCHEDULER_CONSISTENCY",
+    "local_dc": "SCHEDULER_CASSANDRA_LOCAL_DC",
+    "shard_count": "SCHEDULER_SHARDS_TOTAL",
+    "username": "SCHEDULER_CASSANDRA_USERNAME",
+    "password": "SCHEDULER_CASSANDRA_PASSWORD",
+}
+"""The environment variable of each `CassandraSettings` field; the CLI's options read the same."""
 
 
 @dataclass(frozen=True)
