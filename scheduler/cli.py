@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from scheduler import __version__
-from scheduler.errors import ConfigError, SchedulerError, SchemaConflict, StoreError
+from scheduler.errors import ConfigError, SchedulerError, SchemaConflict, StoreUnavailable
 from scheduler.settings import CASSANDRA_ENV, CONSISTENCY_LEVELS, CassandraSettings, split_hosts
 
 
@@ -123,7 +123,7 @@ def demo() -> None:
 def exit_code_for(error: SchedulerError) -> Exit:
     if isinstance(error, SchemaConflict):
         return Exit.CONFLICT
-    if isinstance(error, StoreError):
+    if isinstance(error, StoreUnavailable):
         return Exit.UNAVAILABLE
     if isinstance(error, ConfigError):
         return Exit.USAGE

@@ -40,5 +40,9 @@ class StoreError(SchedulerError):
     """The task store failed or could not be reached."""
 
 
+class StoreUnavailable(StoreError):
+    """No node of the store could be reached."""
+
+
 class SchemaConflict(StoreError):
     """The keyspace exists with settings that differ from the ones asked for (e.g. shard count)."""

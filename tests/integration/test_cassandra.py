@@ -137,3 +137,15 @@ def test_the_schema_apply_command_is_safe_to_repeat_and_refuses_a_new_shard_coun
     conflict = apply("--shards", "32")
     assert conflict.returncode == Exit.CONFLICT
     assert "created with 64 shards, not 32" in conflict.stderr
+
+
+def test_a_replication_cassandra_refuses_is_a_failure_not_an_unreachable_server(
+    cluster: Cluster, spare_keyspace: str
+) -> None:
+    result = run_cli(
+        "schema", "apply", "--keyspace", spare_keyspace, "--replication", "{'class': 'NoSuchStrategy'}",
+        env={**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
+             "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port)},
+    )
+    assert result.returncode == Exit.FAILURE, result.stderr
+    assert f"applying the schema to keyspace '{spare_keyspace}' failed" in result.stderr

@@ -2,7 +2,7 @@
 
 Token-aware routing (a request goes straight to a replica of its partition), the
 configured consistency for reads and writes, LOCAL_SERIAL for conditional writes.
-Failure to reach any contact point is a `StoreError` that names the addresses tried.
+Failure to reach any contact point is a `StoreUnavailable` that names the addresses tried.
 """
 
 from __future__ import annotations
@@ -10,15 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import TracebackType
 
-from cassandra import ConsistencyLevel
+from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.protocol import ErrorMessage
 
-from scheduler.errors import StoreError
+from scheduler.errors import StoreUnavailable
 from scheduler.settings import CassandraSettings
 
 REQUEST_TIMEOUT_S = 30.0
+
+DRIVER_ERRORS: tuple[type[Exception], ...] = (DriverException, ErrorMessage)
+"""What a request can raise: the driver's own failures (timeouts, no host) and the
+server's refusals (syntax, invalid request, configuration), which are not DriverExceptions."""
 
 
 @dataclass
@@ -63,7 +68,7 @@ def connect(settings: CassandraSettings) -> CassandraConnection:
     except NoHostAvailable as exc:
         cluster.shutdown()
         where = ", ".join(f"{host}:{settings.port}" for host in settings.hosts)
-        raise StoreError(
+        raise StoreUnavailable(
             f"cannot reach Cassandra at {where} ({exc}). Is it running? For the local cluster run "
             "`python deploy/local/cluster.py start`; elsewhere set SCHEDULER_CASSANDRA_HOSTS and "
             "SCHEDULER_CASSANDRA_PORT."

@@ -14,9 +14,7 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 
-from cassandra import DriverException
-
-from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.settings import CassandraSettings, check_keyspace, check_replication
 
@@ -98,7 +96,7 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
             f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('shard_count', %s) IF NOT EXISTS",
             (str(settings.shard_count),),
         ).one()
-    except DriverException as exc:
+    except DRIVER_ERRORS as exc:
         raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}") from exc
     if not row.applied and int(row.value) != settings.shard_count:
         raise SchemaConflict(
