@@ -64,11 +64,12 @@ def all_up(status: Status) -> bool:
 
 
 def local_cluster(status: Status) -> Cluster:
-    host = os.environ.get("SCHEDULER_LOCAL_HOST", "127.0.0.1")
+    """Addresses of the running local servers, as `status --json` reports them."""
+    cassandra, kafka, zookeeper = (status[server] for server in SERVERS)
     return Cluster(
-        cassandra=CassandraSettings(hosts=(host,), port=int(status["cassandra"]["port"])),
-        kafka=KafkaSettings(bootstrap=f"{host}:{status['kafka']['port']}"),
-        zookeeper=ZooKeeperSettings(hosts=f"{host}:{status['zookeeper']['port']}"),
+        cassandra=CassandraSettings(hosts=(cassandra["host"],), port=int(cassandra["port"])),
+        kafka=KafkaSettings(bootstrap=f"{kafka['host']}:{kafka['port']}"),
+        zookeeper=ZooKeeperSettings(hosts=f"{zookeeper['host']}:{zookeeper['port']}"),
         local=True,
     )
 
