@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]
+from tests.support import EXTERNAL_CLUSTER_VARIABLES
+
+pytest_plugins = ["pytester", "tests.cluster"]
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
-
-
-EXTERNAL_CLUSTER_VARIABLES = ("SCHEDULER_CASSANDRA_HOSTS", "SCHEDULER_KAFKA_BOOTSTRAP", "SCHEDULER_ZOOKEEPER_HOSTS")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,6 +14,9 @@ from kazoo.client import KazooClient
 
 T = TypeVar("T")
 
+EXTERNAL_CLUSTER_VARIABLES = ("SCHEDULER_CASSANDRA_HOSTS", "SCHEDULER_KAFKA_BOOTSTRAP", "SCHEDULER_ZOOKEEPER_HOSTS")
+"""Any one of these set means: test against the cluster they name, not deploy/local."""
+
 
 def wait_until(condition: Callable[[], T], *, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> T:
     """Poll `condition` until it returns something truthy and return that, or fail

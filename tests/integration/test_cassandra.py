@@ -15,7 +15,7 @@ from scheduler.cli import Exit
 from scheduler.errors import SchemaConflict
 from scheduler.model import Priority, Task, TaskId, encode_payload
 from scheduler.settings import CassandraSettings
-from tests.integration.conftest import Cluster, unique_name
+from tests.cluster import Cluster, unique_name
 from tests.support import run_cli
 
 

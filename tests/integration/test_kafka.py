@@ -9,7 +9,7 @@ from collections import defaultdict
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from scheduler.model import Task, TaskId, decode_message, encode_message, encode_payload
-from tests.integration.conftest import Cluster
+from tests.cluster import Cluster
 
 COUNT = 300
 

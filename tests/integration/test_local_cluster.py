@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tests.integration.conftest import CLUSTER_COMMAND, SERVERS, Cluster, local_status
+from tests.cluster import CLUSTER_COMMAND, SERVERS, Cluster, local_status
 from tests.support import wait_until, zookeeper_session
 
 pytestmark = pytest.mark.local_cluster

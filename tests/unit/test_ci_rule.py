@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-CONFTEST = (Path(__file__).parents[1] / "conftest.py").read_text(encoding="utf-8")
+TESTS = Path(__file__).parents[1]
+SUITE_FILES = ("__init__.py", "conftest.py", "support.py", "cluster.py")
+"""The real suite's conftest and the plugins it loads, copied as they are."""
 SKIPPING_TEST = """
 import pytest
 
@@ -18,7 +20,8 @@ def test_needs_a_server():
 @pytest.fixture
 def suite(pytester: pytest.Pytester) -> pytest.Pytester:
     tests = pytester.mkdir("tests")
-    (tests / "conftest.py").write_text(CONFTEST)
+    for name in SUITE_FILES:
+        (tests / name).write_text((TESTS / name).read_text(encoding="utf-8"))
     (tests / "integration").mkdir()
     (tests / "integration" / "test_server.py").write_text(SKIPPING_TEST)
     (tests / "unit").mkdir()

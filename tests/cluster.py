@@ -31,10 +31,9 @@ from kazoo.client import KazooClient
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection, connect
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
-from tests.conftest import EXTERNAL_CLUSTER_VARIABLES
-from tests.support import zookeeper_session
+from tests.support import EXTERNAL_CLUSTER_VARIABLES, zookeeper_session
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CLUSTER_COMMAND = [sys.executable, str(REPO / "deploy" / "local" / "cluster.py")]
 START_TIMEOUT_S = 300
 SERVERS = ("cassandra", "kafka", "zookeeper")
