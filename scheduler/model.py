@@ -57,6 +57,10 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 
 DEFAULT_MAX_ATTEMPTS = 5
 
+MAX_ATTEMPTS_LIMIT = 100
+"""Most attempts a task may be given; keeps status write timestamps within a millisecond
+of the task's time (see `status_write_timestamp_us`)."""
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_MS = timedelta(milliseconds=1)
 _MAX_RUN_AT_MS = (1 << 48) - 1  # the id's timestamp field: good until the year 10889
@@ -268,8 +272,8 @@ class Task:
         check_run_at_ms(self.run_at_ms)
         if not isinstance(self.priority, Priority):
             raise InvalidTask(f"priority must be a Priority, got {self.priority!r}")
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise InvalidTask(f"max_attempts must be a positive integer, got {self.max_attempts!r}")
+        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise InvalidTask(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {self.max_attempts!r}")
         if not isinstance(self.attempt, int) or not 1 <= self.attempt <= self.max_attempts:
             raise InvalidTask(f"attempt must be from 1 to max_attempts ({self.max_attempts}), got {self.attempt!r}")
         if self.idempotency_key is not None and (not isinstance(self.idempotency_key, str) or not self.idempotency_key):

@@ -220,6 +220,7 @@ def test_a_payload_over_the_limit_is_refused_and_one_at_it_accepted() -> None:
         ("type", "", "type"),
         ("payload", {"not": "bytes"}, "payload"),
         ("max_attempts", 0, "max_attempts"),
+        ("max_attempts", 101, "from 1 to 100"),
         ("attempt", 6, "attempt"),
         ("priority", "urgent", "priority"),
         ("idempotency_key", "", "idempotency key"),
