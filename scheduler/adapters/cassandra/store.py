@@ -1,0 +1,374 @@
+"""`CassandraTaskStore`: the `TaskStore` port on Cassandra (table `tasks_by_bucket`).
+
+How it writes
+-------------
+`insert` groups tasks by partition `(minute_bucket, shard)` and sends each group as
+single-partition UNLOGGED batches of up to `batch_rows` rows (a multi-partition batch
+would make one coordinator wait on many replicas: the anti-pattern). Batches go out
+asynchronously, token-aware, with at most `max_in_flight` outstanding for the whole
+store; `insert` returns once every batch was acknowledged at the configured
+consistency, and lists the groups that were not.
+
+Fenced writes are lightweight transactions, one per call, never one per task:
+- taking a shard: `INSERT ... IF NOT EXISTS`, else `UPDATE ... IF lease_token <= t`;
+- advancing the cursor: `IF lease_token = t AND fired_through <= x`, or
+  `... AND fired_through = null` for the first advance;
+- rows into a partition: one conditional batch, `UPDATE ... SET fence = t IF fence <= t`
+  (or `IF fence = null` for the first) plus the rows, all applied or none.
+A never-written column is null and null compares false, hence the second forms.
+
+Status reports are plain writes whose write timestamp is derived from the report,
+`status_write_timestamp_us`, so the cell with the newest (attempt, phase) wins whatever
+order the writes arrive in, with no read and no transaction per report.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statement, tuple_factory
+
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
+from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
+from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, from_ms, minute_bucket, to_ms
+from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusReport, StoredTask, TaskStatus
+from scheduler.settings import CassandraSettings
+
+DEFAULT_BATCH_ROWS = 250
+DEFAULT_MAX_IN_FLIGHT = 16
+TUPLES = "scheduler.tuples"
+"""Execution profile returning plain tuples: a third cheaper to build than named tuples."""
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def named_queries(keyspace: str) -> dict[str, str]:
+    """The statements of `queries.cql` by name, for `keyspace`, comment lines removed."""
+    text = resources.files("scheduler.adapters.cassandra").joinpath("queries.cql").read_text(encoding="utf-8")
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]
+        queries[name] = "\n".join(lines).format(keyspace=keyspace)
+    return queries
+
+
+def status_write_timestamp_us(task_id: TaskId, attempt: int, status: TaskStatus) -> int:
+    """The write timestamp of a status report: the task's own time in µs plus
+    `attempt * 8 + rank`, so reports order by attempt, then by phase, and stay within a
+    millisecond of the task's time (attempts are at most `MAX_ATTEMPTS_LIMIT`)."""
+    return task_id.run_at_ms * 1000 + attempt * 8 + status.rank
+
+
+@dataclass
+class _Tally:
+    """Outstanding requests of one `insert` call and what failed."""
+
+    pending: int = 1  # the submitting loop itself, released when it has sent everything
+    failures: list[InsertFailure] | None = None
+
+
+class CassandraTaskStore:
+    """The distributed `TaskStore`. Open with `CassandraTaskStore.open(settings)`."""
+
+    def __init__(
+        self,
+        connection: CassandraConnection,
+        keyspace: str,
+        shard_count: int,
+        *,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        owns_connection: bool = False,
+    ) -> None:
+        if batch_rows < 1 or max_in_flight < 1:
+            raise ValueError("batch_rows and max_in_flight must be positive")
+        self._connection = connection
+        self._session: Session = connection.session
+        self._owns_connection = owns_connection
+        self.keyspace = keyspace
+        self._shard_count = shard_count
+        self._batch_rows = batch_rows
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        if TUPLES not in connection.cluster.profile_manager.profiles:
+            connection.cluster.add_execution_profile(TUPLES, _tuple_profile(connection))
+        try:
+            self._q: dict[str, PreparedStatement] = {
+                name: self._session.prepare(text) for name, text in named_queries(keyspace).items()
+            }
+        except DRIVER_ERRORS as exc:
+            raise StoreError(
+                f"cannot prepare the task store's statements in keyspace {keyspace!r} ({exc}); "
+                "has `scheduler schema apply` been run for it?"
+            ) from exc
+
+    @classmethod
+    def open(cls, settings: CassandraSettings, **options: Any) -> CassandraTaskStore:
+        """Connect, read the shard count recorded in the keyspace, prepare statements."""
+        connection = connect(settings)
+        try:
+            recorded = recorded_shard_count(connection, settings.keyspace)
+            if recorded != settings.shard_count:
+                raise SchemaConflict(
+                    f"keyspace {settings.keyspace!r} was created with {recorded} shards, not {settings.shard_count}"
+                )
+            return cls(connection, settings.keyspace, recorded, owns_connection=True, **options)
+        except BaseException:
+            connection.close()
+            raise
+
+    @property
+    def shard_count(self) -> int:
+        return self._shard_count
+
+    # Writes on the submit path.
+
+    def _row(self, task: Task, shard: int) -> tuple[object, ...]:
+        return (
+            task.run_at_ms - task.run_at_ms % BUCKET_MS, shard, task.run_at_ms, task.id.uuid, task.tenant,
+            task.type, task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key,
+        )
+
+    def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
+        groups: dict[tuple[int, int], list[Task]] = defaultdict(list)
+        shard_count = self._shard_count
+        for task in tasks:
+            groups[(task.run_at_ms - task.run_at_ms % BUCKET_MS, task.id.shard(shard_count))].append(task)
+        insert = self._q["insert_task"]
+        step = self._batch_rows
+
+        def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
+            for (_, shard), group in groups.items():
+                for start in range(0, len(group), step):
+                    chunk = group[start:start + step]
+                    if len(chunk) == 1:
+                        yield insert.bind(self._row(chunk[0], shard)), chunk
+                        continue
+                    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                    for task in chunk:
+                        batch.add(insert, self._row(task, shard))
+                    yield batch, chunk
+
+        return self._run_all(batches())
+
+    def _run_all(self, requests: Iterable[tuple[Statement, Sequence[Task]]]) -> list[InsertFailure]:
+        """Send `requests` with bounded concurrency; wait for all; collect failures."""
+        tally = _Tally()
+        finished = threading.Event()
+        lock = threading.Lock()
+
+        def settle(failure: InsertFailure | None) -> None:
+            self._slots.release()
+            with lock:
+                if failure is not None:
+                    tally.failures = [*(tally.failures or []), failure]
+                tally.pending -= 1
+                if tally.pending == 0:
+                    finished.set()
+
+        for statement, tasks in requests:
+            self._slots.acquire()
+            with lock:
+                tally.pending += 1
+            try:
+                future: ResponseFuture = self._session.execute_async(statement)
+            except DRIVER_ERRORS as exc:
+                settle(InsertFailure(tasks, _describe(exc)))
+                continue
+            future.add_callbacks(
+                callback=lambda _rows, settle=settle: settle(None),
+                errback=lambda exc, tasks=tasks: settle(InsertFailure(tasks, _describe(exc))),
+            )
+        with lock:
+            tally.pending -= 1
+            if tally.pending == 0:
+                finished.set()
+        finished.wait()
+        return tally.failures or []
+
+    # Reads.
+
+    def read_partition(
+        self,
+        partition: Partition,
+        *,
+        after_ms: int | None = None,
+        through_ms: int | None = None,
+        page_size: int = 5000,
+    ) -> Iterator[StoredTask]:
+        low = partition.minute_bucket - 1 if after_ms is None else after_ms
+        high = partition.minute_bucket + BUCKET_MS if through_ms is None else through_ms
+        statement = self._q["read_range"].bind(
+            (from_ms(partition.minute_bucket), partition.shard, from_ms(low), from_ms(high))
+        )
+        statement.fetch_size = page_size
+        rows = self._execute(statement)
+        for row in rows:
+            if row[2] is not None:  # a row holding only a status (a report for a missing row)
+                yield _stored_task(row)
+
+    def get(self, task_id: TaskId) -> StoredTask | None:
+        row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
+        return _stored_task(row) if row is not None and row[2] is not None else None
+
+    def _key(self, task_id: TaskId, run_at_ms: int | None = None) -> tuple[object, ...]:
+        run_at = task_id.run_at_ms if run_at_ms is None else run_at_ms
+        return (from_ms(minute_bucket(run_at)), task_id.shard(self._shard_count), from_ms(run_at), task_id.uuid)
+
+    # Cancel and status.
+
+    def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
+        found = self.get(task_id)
+        if found is None or found.task.tenant != tenant:
+            return CancelOutcome.NOT_FOUND
+        if found.status is TaskStatus.CANCELLED:
+            return CancelOutcome.ALREADY_CANCELLED
+        if found.status.finished:
+            return CancelOutcome.FINISHED
+        attempt = max(found.task.attempt, found.status_attempt)
+        self._execute(self._status_statement(StatusReport(task_id, task_id.run_at_ms, attempt, TaskStatus.CANCELLED)))
+        return CancelOutcome.CANCELLED
+
+    def _status_statement(self, report: StatusReport) -> Statement:
+        timestamp = status_write_timestamp_us(report.task_id, report.attempt, report.status)
+        return self._q["set_status"].bind(
+            (timestamp, report.status.value, report.attempt, *self._key(report.task_id, report.run_at_ms))
+        )
+
+    def record_status(self, reports: Sequence[StatusReport]) -> None:
+        by_partition: dict[tuple[int, int], list[StatusReport]] = defaultdict(list)
+        for report in reports:
+            by_partition[(minute_bucket(report.run_at_ms), report.task_id.shard(self._shard_count))].append(report)
+
+        def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
+            for group in by_partition.values():
+                for start in range(0, len(group), self._batch_rows):
+                    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                    for report in group[start:start + self._batch_rows]:
+                        batch.add(self._status_statement(report))
+                    yield batch, ()
+
+        failures = self._run_all(batches())
+        if failures:
+            raise StoreError(f"{len(failures)} status batches were not written: {failures[0].reason}")
+
+    # Fenced operations.
+
+    def take_shard(self, shard: int, owner: str, token: int) -> bool:
+        if self._execute(self._q["create_shard"].bind((shard, owner, token))).was_applied:
+            return True
+        return bool(self._execute(self._q["take_shard"].bind((owner, token, shard, token))).was_applied)
+
+    def read_shard(self, shard: int) -> ShardState:
+        row = self._execute(self._q["read_shard"].bind((shard,))).one()
+        if row is None:
+            return ShardState(shard, None, None, None)
+        owner, token, fired_through = row
+        return ShardState(shard, owner, token, None if fired_through is None else to_ms(_utc(fired_through)))
+
+    def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
+        moment = from_ms(fired_through_ms)
+        result = self._execute(self._q["advance_shard"].bind((moment, shard, token, moment)))
+        if result.was_applied:
+            return True
+        current = result.one()
+        if current is None or current[1] != token or current[2] is not None:
+            return False
+        return bool(self._execute(self._q["advance_shard_first"].bind((moment, shard, token))).was_applied)
+
+    def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
+        for task in tasks:
+            if task.partition(self._shard_count) != partition:
+                raise ValueError(f"task {task.id} belongs to {task.partition(self._shard_count)}, not {partition}")
+        bucket = from_ms(partition.minute_bucket)
+
+        def attempt(condition: str, values: tuple[object, ...]) -> Any:
+            batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+            batch.add(self._q[condition], values)
+            for task in tasks:
+                batch.add(self._q["insert_task"], self._row(task, partition.shard))
+            return self._execute(batch)
+
+        result = attempt("raise_fence", (token, bucket, partition.shard, token))
+        if result.was_applied:
+            return True
+        if _column(result, "fence") is not None:
+            return False
+        return bool(attempt("raise_fence_first", (token, bucket, partition.shard)).was_applied)
+
+    def partition_fence(self, partition: Partition) -> int | None:
+        row = self._execute(self._q["read_fence"].bind((from_ms(partition.minute_bucket), partition.shard))).one()
+        return None if row is None else row[0]
+
+    def _execute(self, statement: Statement) -> Any:
+        try:
+            return self._session.execute(statement, execution_profile=TUPLES)
+        except NoHostAvailable as exc:
+            raise StoreUnavailable(f"no Cassandra node could take the request: {exc}") from exc
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"Cassandra refused or failed the request: {_describe(exc)}") from exc
+
+    def close(self) -> None:
+        if self._owns_connection:
+            self._connection.close()
+
+
+def recorded_shard_count(connection: CassandraConnection, keyspace: str) -> int:
+    """The shard count `scheduler schema apply` recorded in `keyspace`."""
+    try:
+        row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shard_count'").one()
+    except DRIVER_ERRORS as exc:
+        raise StoreError(
+            f"keyspace {keyspace!r} has no scheduler schema ({_describe(exc)}); run `scheduler schema apply`"
+        ) from exc
+    if row is None:
+        raise StoreError(f"keyspace {keyspace!r} records no shard count; run `scheduler schema apply`")
+    return int(row.value)
+
+
+def _tuple_profile(connection: CassandraConnection) -> Any:
+    default = connection.cluster.profile_manager.default
+    return type(default)(
+        load_balancing_policy=default.load_balancing_policy,
+        retry_policy=default.retry_policy,
+        consistency_level=default.consistency_level,
+        serial_consistency_level=default.serial_consistency_level,
+        request_timeout=default.request_timeout,
+        row_factory=tuple_factory,
+    )
+
+
+def _column(result: Any, name: str) -> Any:
+    """A column of the first row of a conditional write's answer (tuple rows)."""
+    names = list(result.column_names or [])
+    row = result.one()
+    if row is None or name not in names:
+        return None
+    return row[names.index(name)]
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _stored_task(row: Sequence[Any]) -> StoredTask:
+    run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt = row
+    task = Task(
+        id=TaskId.from_uuid(task_uuid), tenant=tenant, type=type_, payload=payload,
+        run_at_ms=to_ms(_utc(run_at)), priority=Priority.from_code(priority), attempt=attempt,
+        max_attempts=max_attempts, idempotency_key=key,
+    )
+    return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0)
+

@@ -1,0 +1,290 @@
+"""`SqliteTaskStore`: the task store of the embedded backend, one SQLite file in WAL mode.
+
+It keeps the `TaskStore` contract (`scheduler.ports`) on one machine, fencing included,
+so the dispatcher and workers run on it unchanged. Rows are keyed like the Cassandra
+table, `(minute_bucket, shard, run_at, task_id)`, in a WITHOUT ROWID table, so a
+partition read is one index range scan in `run_at` order.
+
+Durability: a write returns after its transaction committed with `synchronous=FULL`,
+i.e. after the WAL was fsynced (`synchronous="NORMAL"` trades the last commits on power
+loss, not on a process crash, for speed). Several processes may open the same file:
+SQLite serialises writers, and each write waits up to `busy_timeout_s` for its turn.
+Within a process one connection is shared under a lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from scheduler.errors import SchemaConflict, StoreError
+from scheduler.model import DEFAULT_SHARD_COUNT, Partition, Priority, Task, TaskId, check_shard_count
+from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusReport, StoredTask, TaskStatus
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    minute_bucket   INTEGER NOT NULL,
+    shard           INTEGER NOT NULL,
+    run_at          INTEGER NOT NULL,
+    task_id         BLOB    NOT NULL,
+    tenant          TEXT    NOT NULL,
+    type            TEXT    NOT NULL,
+    priority        INTEGER NOT NULL,
+    payload         BLOB    NOT NULL,
+    attempt         INTEGER NOT NULL,
+    max_attempts    INTEGER NOT NULL,
+    idempotency_key TEXT,
+    status          TEXT,
+    status_attempt  INTEGER,
+    status_rank     INTEGER,
+    PRIMARY KEY (minute_bucket, shard, run_at, task_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS partition_fences (
+    minute_bucket INTEGER NOT NULL,
+    shard         INTEGER NOT NULL,
+    fence         INTEGER NOT NULL,
+    PRIMARY KEY (minute_bucket, shard)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shards (
+    shard         INTEGER PRIMARY KEY,
+    owner         TEXT,
+    lease_token   INTEGER,
+    fired_through INTEGER
+);
+"""
+
+_COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, " \
+           "status, status_attempt"
+
+_UPSERT = """
+INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, attempt,
+                   max_attempts, idempotency_key)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT DO UPDATE SET tenant = excluded.tenant, type = excluded.type, priority = excluded.priority,
+    payload = excluded.payload, attempt = excluded.attempt, max_attempts = excluded.max_attempts,
+    idempotency_key = excluded.idempotency_key
+"""
+
+_STATUS_UPDATE = """
+UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?
+WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?
+  AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
+"""
+
+Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None]
+
+
+class SqliteTaskStore:
+    """The embedded `TaskStore`. `path` may be `":memory:"` for a private, throw-away store."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        shard_count: int = DEFAULT_SHARD_COUNT,
+        synchronous: str = "FULL",
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        check_shard_count(shard_count)
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            with self._transaction() as db:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('shard_count', ?)", (str(shard_count),))
+                (recorded,) = db.execute("SELECT value FROM meta WHERE name = 'shard_count'").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the embedded store at {path}: {exc}") from exc
+        if int(recorded) != shard_count:
+            self._db.close()
+            raise SchemaConflict(
+                f"the embedded store at {path} was created with {recorded} shards, not {shard_count}; "
+                "every task's partition depends on the count, so it cannot change"
+            )
+        self._shard_count = shard_count
+        self.path = str(path)
+
+    @property
+    def shard_count(self) -> int:
+        return self._shard_count
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (BEGIN IMMEDIATE) so that a
+        read-then-write inside it cannot interleave with another process's write."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"embedded store failed: {exc}") from exc
+
+    def _read(self, sql: str, parameters: Sequence[object]) -> list[Row]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, parameters).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"embedded store failed: {exc}") from exc
+
+    def _row_values(self, task: Task) -> tuple[object, ...]:
+        return (
+            task.minute_bucket, task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes, task.tenant,
+            task.type, task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key,
+        )
+
+    def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
+        rows = [self._row_values(task) for task in tasks]
+        try:
+            with self._transaction() as db:
+                db.executemany(_UPSERT, rows)
+        except StoreError as exc:
+            return [InsertFailure(tasks, str(exc))]
+        return []
+
+    def read_partition(
+        self,
+        partition: Partition,
+        *,
+        after_ms: int | None = None,
+        through_ms: int | None = None,
+        page_size: int = 5000,
+    ) -> Iterator[StoredTask]:
+        last: tuple[int, bytes] | None = None
+        low = -1 if after_ms is None else after_ms
+        high = (1 << 62) if through_ms is None else through_ms
+        while True:
+            parameters: list[object]
+            if last is None:
+                where, parameters = "run_at > ?", [low]
+            else:
+                where, parameters = "(run_at, task_id) > (?, ?)", [last[0], last[1]]
+            rows = self._read(
+                f"SELECT {_COLUMNS} FROM tasks WHERE minute_bucket = ? AND shard = ? AND {where} AND run_at <= ? "
+                "ORDER BY run_at, task_id LIMIT ?",
+                [partition.minute_bucket, partition.shard, *parameters, high, page_size],
+            )
+            for row in rows:
+                yield _stored_task(row)
+            if len(rows) < page_size:
+                return
+            last = (rows[-1][0], rows[-1][1])
+
+    def _locate(self, task_id: TaskId, run_at_ms: int | None = None) -> tuple[int, int, int, bytes]:
+        run_at = task_id.run_at_ms if run_at_ms is None else run_at_ms
+        return (run_at - run_at % 60_000, task_id.shard(self._shard_count), run_at, task_id.bytes)
+
+    def get(self, task_id: TaskId) -> StoredTask | None:
+        rows = self._read(
+            f"SELECT {_COLUMNS} FROM tasks WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?",
+            self._locate(task_id),
+        )
+        return _stored_task(rows[0]) if rows else None
+
+    def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
+        key = self._locate(task_id)
+        with self._transaction() as db:
+            found = db.execute(
+                "SELECT tenant, status, attempt FROM tasks "
+                "WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?",
+                key,
+            ).fetchone()
+            if found is None or found[0] != tenant:
+                return CancelOutcome.NOT_FOUND
+            status = TaskStatus(found[1]) if found[1] else TaskStatus.SCHEDULED
+            if status is TaskStatus.CANCELLED:
+                return CancelOutcome.ALREADY_CANCELLED
+            if status.finished:
+                return CancelOutcome.FINISHED
+            attempt = found[2]
+            db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, *key,
+                                        attempt, attempt, TaskStatus.CANCELLED.rank))
+        return CancelOutcome.CANCELLED
+
+    def record_status(self, reports: Sequence[StatusReport]) -> None:
+        rows = [
+            (report.status.value, report.attempt, report.status.rank,
+             *self._locate(report.task_id, report.run_at_ms), report.attempt, report.attempt, report.status.rank)
+            for report in reports
+        ]
+        with self._transaction() as db:
+            db.executemany(_STATUS_UPDATE, rows)
+
+    def take_shard(self, shard: int, owner: str, token: int) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO shards (shard, owner, lease_token) VALUES (?, ?, ?) "
+                "ON CONFLICT (shard) DO UPDATE SET owner = excluded.owner, lease_token = excluded.lease_token "
+                "WHERE lease_token IS NULL OR lease_token <= excluded.lease_token",
+                (shard, owner, token),
+            )
+            return cursor.rowcount == 1
+
+    def read_shard(self, shard: int) -> ShardState:
+        rows = self._read("SELECT owner, lease_token, fired_through FROM shards WHERE shard = ?", (shard,))
+        if not rows:
+            return ShardState(shard, None, None, None)
+        owner, token, fired_through = rows[0][:3]
+        return ShardState(shard, owner, token, fired_through)  # type: ignore[arg-type]
+
+    def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE shards SET fired_through = ? WHERE shard = ? AND lease_token = ? "
+                "AND (fired_through IS NULL OR fired_through <= ?)",
+                (fired_through_ms, shard, token, fired_through_ms),
+            )
+            return cursor.rowcount == 1
+
+    def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
+        for task in tasks:
+            if task.partition(self._shard_count) != partition:
+                raise ValueError(f"task {task.id} belongs to {task.partition(self._shard_count)}, not {partition}")
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO partition_fences VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET fence = excluded.fence "
+                "WHERE fence <= excluded.fence",
+                (partition.minute_bucket, partition.shard, token),
+            )
+            if cursor.rowcount != 1:
+                return False
+            db.executemany(_UPSERT, [self._row_values(task) for task in tasks])
+            return True
+
+    def partition_fence(self, partition: Partition) -> int | None:
+        rows = self._read(
+            "SELECT fence FROM partition_fences WHERE minute_bucket = ? AND shard = ?",
+            (partition.minute_bucket, partition.shard),
+        )
+        return rows[0][0] if rows else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _stored_task(row: Row) -> StoredTask:
+    run_at, id_bytes, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt = row
+    task = Task(
+        id=TaskId.from_bytes(id_bytes), tenant=tenant, type=type_, payload=payload, run_at_ms=run_at,
+        priority=Priority.from_code(priority), attempt=attempt, max_attempts=max_attempts, idempotency_key=key,
+    )
+    return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0)

@@ -1,0 +1,186 @@
+"""The `TaskStore` contract (`scheduler.ports`), run against every adapter."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from scheduler.model import BUCKET_MS, Partition, Priority, TaskId, decode_payload
+from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
+from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
+
+
+def test_an_inserted_task_is_readable_by_id_and_by_partition(store: TaskStore) -> None:
+    task = make_task(NINE_OCLOCK_MS + 250, payload={"to": "+919800000001"}, priority=Priority.HIGH, key="sms-1")
+    assert store.insert([task]) == []
+
+    found = store.get(task.id)
+    assert found is not None
+    assert found.task == task
+    assert found.status is TaskStatus.SCHEDULED
+    assert decode_payload(found.task.payload) == {"to": "+919800000001"}
+
+    listed = list(store.read_partition(task.partition(store.shard_count)))
+    assert [stored.task for stored in listed] == [task]
+
+
+def test_a_partition_reads_in_run_at_order_across_pages(store: TaskStore) -> None:
+    shard = 5
+    tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, shard, 23)
+    assert store.insert(list(reversed(tasks))) == []
+
+    read = [stored.task for stored in store.read_partition(Partition(NINE_OCLOCK_MS, shard), page_size=4)]
+    assert read == sorted(tasks, key=lambda task: (task.run_at_ms, task.id.uuid))
+    other = list(store.read_partition(Partition(NINE_OCLOCK_MS, shard + 1)))
+    assert other == []
+
+
+def test_a_range_read_is_after_exclusive_through_inclusive(store: TaskStore) -> None:
+    tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, 3, 12)
+    store.insert(tasks)
+    times = sorted(task.run_at_ms for task in tasks)
+    after, through = times[2], times[8]
+
+    read = store.read_partition(Partition(NINE_OCLOCK_MS, 3), after_ms=after, through_ms=through, page_size=2)
+    assert [stored.task.run_at_ms for stored in read] == [t for t in times if after < t <= through]
+
+
+def test_many_tasks_over_many_partitions_are_all_stored(store: TaskStore) -> None:
+    tasks = [make_task(NINE_OCLOCK_MS + (n * 37) % (3 * BUCKET_MS), tenant=f"college-{n % 7}") for n in range(1500)]
+    assert store.insert(tasks) == []
+
+    expected = Counter(task.partition(store.shard_count) for task in tasks)
+    for partition, count in expected.items():
+        read = list(store.read_partition(partition))
+        assert len(read) == count
+        assert all(stored.task.partition(store.shard_count) == partition for stored in read)
+
+
+def test_inserts_from_several_threads_at_once_all_land(store: TaskStore) -> None:
+    batches = [[make_task(NINE_OCLOCK_MS + n, tenant=f"t{thread}") for n in range(200)] for thread in range(4)]
+    failures: list[object] = []
+
+    def insert(batch: list) -> None:  # type: ignore[type-arg]
+        failures.extend(store.insert(batch))
+
+    threads = [threading.Thread(target=insert, args=(batch,)) for batch in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    for batch in batches:
+        assert all(store.get(task.id) is not None for task in batch)
+
+
+def test_inserting_a_task_again_replaces_its_fields_but_keeps_its_status(store: TaskStore) -> None:
+    task = make_task(key="order-17", payload={"v": 1})
+    store.insert([task])
+    assert store.cancel(task.id, task.tenant) is CancelOutcome.CANCELLED
+
+    again = make_task(key="order-17", payload={"v": 2})
+    assert again.id == task.id
+    store.insert([again])
+
+    found = store.get(task.id)
+    assert found is not None
+    assert decode_payload(found.task.payload) == {"v": 2}
+    assert found.status is TaskStatus.CANCELLED
+
+
+def test_cancel_answers_for_each_case_and_only_the_owner_can_cancel(store: TaskStore) -> None:
+    task = make_task(tenant="college")
+    finished = make_task(tenant="college")
+    store.insert([task, finished])
+    store.record_status([StatusReport(finished.id, finished.run_at_ms, 1, TaskStatus.DONE)])
+
+    assert store.cancel(task.id, "board") is CancelOutcome.NOT_FOUND
+    assert store.get(task.id).status is TaskStatus.SCHEDULED  # type: ignore[union-attr]
+    assert store.cancel(TaskId.new(NINE_OCLOCK_MS), "college") is CancelOutcome.NOT_FOUND
+    assert store.cancel(finished.id, "college") is CancelOutcome.FINISHED
+    assert store.get(finished.id).status is TaskStatus.DONE  # type: ignore[union-attr]
+
+    assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
+    assert store.get(task.id).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+    assert store.cancel(task.id, "college") is CancelOutcome.ALREADY_CANCELLED
+
+
+def test_a_stale_attempts_report_never_overwrites_a_newer_one(store: TaskStore) -> None:
+    task = make_task()
+    store.insert([task])
+
+    def report(attempt: int, status: TaskStatus) -> None:
+        store.record_status([StatusReport(task.id, task.run_at_ms, attempt, status)])
+
+    def status() -> tuple[TaskStatus, int]:
+        found = store.get(task.id)
+        assert found is not None
+        return found.status, found.status_attempt
+
+    report(2, TaskStatus.RUNNING)
+    report(1, TaskStatus.DONE)  # attempt 1 finishing late
+    assert status() == (TaskStatus.RUNNING, 2)
+    report(2, TaskStatus.DONE)
+    report(2, TaskStatus.RUNNING)  # a duplicate delivery of attempt 2 starting again
+    assert status() == (TaskStatus.DONE, 2)
+    report(3, TaskStatus.RUNNING)
+    assert status() == (TaskStatus.RUNNING, 3)
+
+
+def test_a_report_for_a_missing_task_creates_nothing_readable(store: TaskStore) -> None:
+    ghost = make_task()
+    store.record_status([StatusReport(ghost.id, ghost.run_at_ms, 1, TaskStatus.DONE)])
+    assert store.get(ghost.id) is None
+    assert list(store.read_partition(ghost.partition(store.shard_count))) == []
+
+
+def test_a_shard_is_taken_only_by_a_token_at_least_as_new(store: TaskStore) -> None:
+    assert store.read_shard(7).lease_token is None
+    assert store.take_shard(7, "dispatcher-a", 10)
+    assert not store.take_shard(7, "dispatcher-b", 9)
+    state = store.read_shard(7)
+    assert (state.owner, state.lease_token) == ("dispatcher-a", 10)
+    assert store.take_shard(7, "dispatcher-a", 10)
+    assert store.take_shard(7, "dispatcher-b", 12)
+    assert (store.read_shard(7).owner, store.read_shard(7).lease_token) == ("dispatcher-b", 12)
+
+
+def test_the_cursor_advances_only_under_the_current_token_and_never_back(store: TaskStore) -> None:
+    store.take_shard(1, "a", 10)
+    assert not store.advance_shard(1, 9, NINE_OCLOCK_MS)
+    assert store.read_shard(1).fired_through_ms is None
+    assert store.advance_shard(1, 10, NINE_OCLOCK_MS + 1000)
+    assert store.advance_shard(1, 10, NINE_OCLOCK_MS + 2000)
+    assert not store.advance_shard(1, 10, NINE_OCLOCK_MS + 1500)
+    assert store.read_shard(1).fired_through_ms == NINE_OCLOCK_MS + 2000
+
+    store.take_shard(1, "b", 11)
+    assert not store.advance_shard(1, 10, NINE_OCLOCK_MS + 3000)  # the paused old owner
+    assert store.read_shard(1).fired_through_ms == NINE_OCLOCK_MS + 2000
+    assert store.advance_shard(1, 11, NINE_OCLOCK_MS + 3000)
+
+
+def test_a_fenced_write_with_a_lower_token_is_refused_and_changes_nothing(store: TaskStore) -> None:
+    partition = Partition(NINE_OCLOCK_MS, 9)
+    first, second, stale = (in_partition(store.shard_count, NINE_OCLOCK_MS, 9, 3)[i:i + 1] for i in range(3))
+    assert store.partition_fence(partition) is None
+
+    assert store.write_fenced(partition, 20, first)  # the first fenced write: fence was null
+    assert store.partition_fence(partition) == 20
+    assert store.write_fenced(partition, 20, second)
+    assert not store.write_fenced(partition, 19, stale)
+
+    assert store.partition_fence(partition) == 20
+    assert store.get(stale[0].id) is None
+    assert {stored.task.id for stored in store.read_partition(partition)} == {first[0].id, second[0].id}
+    assert store.write_fenced(partition, 21, [])
+    assert store.partition_fence(partition) == 21
+
+
+def test_a_fenced_write_refuses_a_task_of_another_partition(store: TaskStore) -> None:
+    task = in_partition(store.shard_count, NINE_OCLOCK_MS, 2, 1)[0]
+    with pytest.raises(ValueError, match="belongs to"):
+        store.write_fenced(Partition(NINE_OCLOCK_MS, 3), 5, [task])
+    assert store.get(task.id) is None
