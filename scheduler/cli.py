@@ -7,15 +7,23 @@ server that is down.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 from enum import IntEnum
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TextIO, TypeVar
 
 import click
 
 from scheduler import __version__
-from scheduler.errors import ConfigError, SchedulerError, SchemaConflict, StoreUnavailable
+from scheduler.errors import ConfigError, InvalidTask, SchedulerError, SchemaConflict, StoreUnavailable
+from scheduler.model import DEFAULT_MAX_ATTEMPTS, Priority, TaskId, decode_payload
+from scheduler.ports import CancelOutcome, StoredTask, TaskStore
 from scheduler.settings import CASSANDRA_ENV, CONSISTENCY_LEVELS, CassandraSettings, split_hosts
 
 
@@ -107,6 +115,219 @@ def schema_apply(**options: Any) -> None:
     )
 
 
+BACKENDS = ("embedded", "cassandra")
+
+
+def default_db_path() -> Path:
+    """Where the embedded store lives unless told: `$XDG_DATA_HOME/scheduler/tasks.db`."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "scheduler" / "tasks.db"
+
+
+def store_options(function: F) -> F:
+    """`--backend`, `--db` and the Cassandra options: which task store a command uses."""
+    function = cassandra_options(function)
+    function = click.option(
+        "--db", "db", type=click.Path(dir_okay=False, path_type=Path), default=default_db_path,
+        envvar="SCHEDULER_DB", show_envvar=True, show_default="$XDG_DATA_HOME/scheduler/tasks.db",
+        help="SQLite file of the embedded backend (created when missing).",
+    )(function)
+    return click.option(
+        "--backend", "backend", type=click.Choice(BACKENDS), default="embedded", envvar="SCHEDULER_BACKEND",
+        show_envvar=True, show_default=True,
+        help="Task store: the embedded SQLite file, or the Cassandra cluster.",
+    )(function)
+
+
+@contextmanager
+def open_store(backend: str, db: Path, **cassandra: Any) -> Iterator[TaskStore]:
+    settings = settings_from(**cassandra)
+    store: TaskStore
+    if backend == "embedded":
+        from scheduler.adapters.embedded.store import SqliteTaskStore
+
+        store = SqliteTaskStore(db, shard_count=settings.shard_count)
+    else:
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+        store = CassandraTaskStore.open(settings)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+_DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def parse_delay(text: str) -> timedelta:
+    """`90`, `90s`, `15m`, `1h30m`, `2d`: a delay from now."""
+    stripped = text.strip()
+    try:
+        return timedelta(seconds=float(stripped))
+    except ValueError:
+        pass
+    match = _DELAY.fullmatch(stripped)
+    if not stripped or match is None:
+        raise click.BadParameter(f"{text!r} is not a delay: use seconds (90) or units such as 90s, 15m, 1h30m, 2d")
+    days, hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+def parse_run_at(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not an ISO 8601 time such as 2026-12-02T10:00:00+05:30") from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(f"{text!r} has no time zone: add one, e.g. {text}Z or {text}+05:30")
+    return moment
+
+
+def parse_payload(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"payload is not JSON ({exc.msg} at column {exc.colno})") from None
+
+
+def tenant_option(help: str) -> Callable[[F], F]:
+    return click.option("--tenant", "tenant", envvar="SCHEDULER_TENANT", show_envvar=True, required=True, help=help)
+
+
+@cli.command()
+@click.argument("task_type", metavar="TYPE", required=False)
+@click.option("--payload", "payload", default="null", show_default=True, help="The task's payload as JSON.")
+@tenant_option("Tenant that owns the task.")
+@click.option("--run-at", "run_at", help="When it is due: ISO 8601 with a zone, e.g. 2026-12-02T10:00:00+05:30. "
+              "A time in the past means due now.")
+@click.option("--delay", "delay", help="Due this long from now: 90, 90s, 15m, 1h30m, 2d. Default: due now.")
+@click.option("--priority", "priority", type=click.Choice([p.value for p in Priority]), default="normal",
+              show_default=True)
+@click.option("--key", "key", help="Idempotency key: the same tenant, key and --run-at always name the same "
+              "task, so a repeated submit writes no second one. Needs --run-at.")
+@click.option("--max-attempts", "max_attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option("--file", "file", type=click.File("r"), help="Submit every task of a JSON-lines file (`-` for "
+              "stdin) instead: one object per line with the fields type, payload, tenant, run_at, delay "
+              "(seconds), priority, idempotency_key, max_attempts; --tenant is the default tenant.")
+@store_options
+def submit(task_type: str | None, payload: str, tenant: str, run_at: str | None, delay: str | None, priority: str,
+           key: str | None, max_attempts: int, file: TextIO | None, backend: str, db: Path, **cassandra: Any) -> None:
+    """Store a task and print its id once the store acknowledged the write.
+
+    With --file, submits a whole file, shows progress, and reports every line that was
+    not stored with its reason; the exit code is 1 if any line was not stored.
+    """
+    from scheduler.producer import Client
+
+    if file is not None:
+        if task_type is not None:
+            raise click.UsageError("give TYPE or --file, not both")
+        with open_store(backend, db, **cassandra) as store:
+            submit_file(Client(store, tenant=tenant, default_max_attempts=max_attempts), file)
+        return
+    if task_type is None:
+        raise click.UsageError("missing TYPE (the task's handler name), or --file")
+    with open_store(backend, db, **cassandra) as store:
+        task_id = Client(store).submit(
+            task_type, parse_payload(payload), tenant=tenant,
+            run_at=parse_run_at(run_at) if run_at else None, delay=parse_delay(delay) if delay else None,
+            priority=priority, idempotency_key=key, max_attempts=max_attempts,
+        )
+    click.echo(str(task_id))
+
+
+def submit_file(client: Any, file: TextIO) -> None:
+    from scheduler.producer import SubmitReport
+
+    def items() -> Iterator[Any]:
+        for line in file:
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                item = InvalidTask(f"not JSON: {exc.msg} at column {exc.colno}")
+            if isinstance(item, dict) and isinstance(item.get("run_at"), str):
+                try:
+                    item["run_at"] = datetime.fromisoformat(item["run_at"])
+                except ValueError:
+                    item = InvalidTask(f"run_at {item['run_at']!r} is not an ISO 8601 time")
+            yield item
+
+    with click.progressbar(length=0, label="submitting", show_pos=True, file=sys.stderr) as bar:
+        def progress(report: SubmitReport) -> None:
+            bar.length = report.consumed
+            bar.update(report.stored + len(report.failed) + len(report.rejected) - bar.pos)
+
+        report = client.submit_many(items(), progress=progress, keep_ids=False)
+    for error in report.rejected:
+        click.echo(f"line {error.index + 1}: not stored, invalid: {error.reason}", err=True)
+    for error in report.failed:
+        click.echo(f"line {error.index + 1}: not acknowledged (may be stored; retry is safe): {error.reason}",
+                   err=True)
+    unread = " (stopped: lines after the last one reported were not read)" if report.stopped_early else ""
+    click.echo(f"{report.stored} stored, {len(report.rejected)} invalid, {len(report.failed)} not acknowledged"
+               f"{unread}")
+    if not report.complete:
+        raise click.exceptions.Exit(Exit.FAILURE)
+
+
+def describe(stored: StoredTask) -> dict[str, Any]:
+    task = stored.task
+    return {
+        "id": str(task.id),
+        "tenant": task.tenant,
+        "type": task.type,
+        "status": stored.status.value,
+        "run_at": task.run_at.isoformat().replace("+00:00", "Z"),
+        "priority": task.priority.value,
+        "attempt": task.attempt,
+        "max_attempts": task.max_attempts,
+        "idempotency_key": task.idempotency_key,
+        "payload": decode_payload(task.payload),
+    }
+
+
+@cli.command()
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@store_options
+def get(task_id: str, as_json: bool, backend: str, db: Path, **cassandra: Any) -> None:
+    """Show a task and its status (exit 1 if there is none with this id)."""
+    parsed = TaskId.parse(task_id)
+    with open_store(backend, db, **cassandra) as store:
+        stored = store.get(parsed)
+    if stored is None:
+        click.echo(f"no task with id {parsed}", err=True)
+        raise click.exceptions.Exit(Exit.FAILURE)
+    fields = describe(stored)
+    if as_json:
+        click.echo(json.dumps(fields, default=repr))
+        return
+    for name, value in fields.items():
+        click.echo(f"{name + ':':17}{json.dumps(value, default=repr) if name == 'payload' else value}")
+
+
+@cli.command()
+@click.argument("task_id")
+@tenant_option("Tenant that owns the task; another tenant's task reads as not found.")
+@store_options
+def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) -> None:
+    """Cancel a task that has not run yet.
+
+    Exit 0 when it is (or already was) cancelled, 1 when no task of this tenant has
+    this id, 4 when it already finished.
+    """
+    from scheduler.producer import Client
+
+    with open_store(backend, db, **cassandra) as store:
+        outcome = Client(store).cancel(TaskId.parse(task_id), tenant)
+    click.echo(f"{task_id}: {outcome.value}")
+    if outcome is CancelOutcome.NOT_FOUND:
+        raise click.exceptions.Exit(Exit.FAILURE)
+    if outcome is CancelOutcome.FINISHED:
+        raise click.exceptions.Exit(Exit.CONFLICT)
+
+
 @cli.command()
 def demo() -> None:
     """Play results day on this machine with no servers (embedded backend).
@@ -125,7 +346,7 @@ def exit_code_for(error: SchedulerError) -> Exit:
         return Exit.CONFLICT
     if isinstance(error, StoreUnavailable):
         return Exit.UNAVAILABLE
-    if isinstance(error, ConfigError):
+    if isinstance(error, ConfigError | InvalidTask):
         return Exit.USAGE
     return Exit.FAILURE
 
@@ -133,7 +354,9 @@ def exit_code_for(error: SchedulerError) -> Exit:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the CLI and turns scheduler errors into exit codes."""
     try:
-        cli.main(args=argv, prog_name="scheduler", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="scheduler", standalone_mode=False)
+        if isinstance(code, int):  # a command's click.exceptions.Exit, returned in this mode
+            sys.exit(code)
     except click.exceptions.Exit as done:
         sys.exit(done.exit_code)
     except click.ClickException as error:

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from scheduler.cli import Exit, cli, main
+from scheduler.model import TaskId
 from tests.support import run_cli
 
 
@@ -50,3 +55,86 @@ def test_main_turns_an_unknown_command_into_a_usage_exit() -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["no-such-command"])
     assert exit_info.value.code == Exit.USAGE
+
+
+@pytest.mark.parametrize("command", [["submit"], ["get"], ["cancel"]])
+def test_every_task_command_has_help(command: list[str]) -> None:
+    result = CliRunner().invoke(cli, [*command, "--help"])
+    assert result.exit_code == 0
+    assert "SCHEDULER_BACKEND" in result.output
+
+
+def embedded_env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "SCHEDULER_DB": str(tmp_path / "tasks.db"), "SCHEDULER_BACKEND": "embedded"}
+
+
+def test_submit_get_and_cancel_on_the_embedded_store(tmp_path: Path) -> None:
+    env = embedded_env(tmp_path)
+    submitted = run_cli("submit", "sms", "--tenant", "college", "--payload", '{"to": "+91"}', "--delay", "15m",
+                        "--priority", "high", env=env)
+    assert submitted.returncode == Exit.OK, submitted.stderr
+    task_id = submitted.stdout.strip()
+    TaskId.parse(task_id)
+
+    shown = run_cli("get", task_id, "--json", env=env)
+    assert shown.returncode == Exit.OK, shown.stderr
+    fields = json.loads(shown.stdout)
+    assert (fields["tenant"], fields["priority"], fields["status"], fields["payload"]) == (
+        "college", "high", "scheduled", {"to": "+91"})
+
+    assert run_cli("cancel", task_id, "--tenant", "board", env=env).returncode == Exit.FAILURE
+    cancelled = run_cli("cancel", task_id, "--tenant", "college", env=env)
+    assert (cancelled.returncode, cancelled.stdout.strip()) == (Exit.OK, f"{task_id}: cancelled")
+    assert json.loads(run_cli("get", task_id, "--json", env=env).stdout)["status"] == "cancelled"
+
+
+def test_submit_with_a_key_twice_prints_the_same_id(tmp_path: Path) -> None:
+    env = embedded_env(tmp_path)
+    args = ("submit", "cancel_hold", "--tenant", "shop", "--key", "order-9", "--run-at", "2030-01-01T10:15:00+05:30")
+    first, second = run_cli(*args, env=env), run_cli(*args, env=env)
+    assert first.returncode == second.returncode == Exit.OK
+    assert first.stdout == second.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--run-at", "2030-01-01T10:00"], "has no time zone"),
+        (["--delay", "soon"], "is not a delay"),
+        (["--payload", "{oops"], "payload is not JSON"),
+        (["--key", "k"], "needs an explicit run_at"),
+    ],
+)
+def test_bad_submit_input_is_a_usage_error_and_writes_nothing(tmp_path: Path, args: list[str], message: str) -> None:
+    env = embedded_env(tmp_path)
+    result = run_cli("submit", "sms", "--tenant", "t", *args, env=env)
+    assert result.returncode == Exit.USAGE
+    assert message in result.stderr
+    if (tmp_path / "tasks.db").exists():
+        from scheduler.adapters.embedded.store import SqliteTaskStore
+
+        assert SqliteTaskStore(tmp_path / "tasks.db").count() == 0
+
+
+def test_submit_file_reports_every_line_not_stored(tmp_path: Path) -> None:
+    lines = [
+        {"type": "sms", "payload": {"n": 1}},
+        "not json",
+        {"type": "sms", "run_at": "2030-01-01T10:00:00"},
+        {"type": "sms", "tenant": "board", "run_at": "2030-01-01T10:00:00Z", "idempotency_key": "a"},
+    ]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    result = run_cli("submit", "--file", str(path), "--tenant", "college", env=embedded_env(tmp_path))
+    assert result.returncode == Exit.FAILURE
+    assert "2 stored, 2 invalid, 0 not acknowledged" in result.stdout
+    assert "line 2: not stored, invalid: not JSON" in result.stderr
+    assert "line 3: not stored, invalid: run_at 2030-01-01T10:00:00 has no time zone" in result.stderr
+
+
+def test_get_of_an_unknown_id_is_a_failure_and_of_garbage_a_usage_error(tmp_path: Path) -> None:
+    env = embedded_env(tmp_path)
+    missing = run_cli("get", str(TaskId.new(1_796_202_000_000)), env=env)
+    assert missing.returncode == Exit.FAILURE
+    assert "no task with id" in missing.stderr
+    assert run_cli("get", "nope", env=env).returncode == Exit.USAGE

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Partition, Priority, Task, TaskId, check_shard_count
@@ -138,7 +139,7 @@ class SqliteTaskStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
-    def _read(self, sql: str, parameters: Sequence[object]) -> list[Row]:
+    def _read(self, sql: str, parameters: Sequence[object]) -> list[Any]:
         with self._lock:
             try:
                 return self._db.execute(sql, parameters).fetchall()
@@ -243,7 +244,7 @@ class SqliteTaskStore:
         if not rows:
             return ShardState(shard, None, None, None)
         owner, token, fired_through = rows[0][:3]
-        return ShardState(shard, owner, token, fired_through)  # type: ignore[arg-type]
+        return ShardState(shard, owner, token, fired_through)
 
     def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
         with self._transaction() as db:
@@ -275,6 +276,11 @@ class SqliteTaskStore:
             (partition.minute_bucket, partition.shard),
         )
         return rows[0][0] if rows else None
+
+    def count(self) -> int:
+        """How many task rows the store holds (a full scan: for tools and tests)."""
+        ((count,),) = self._read("SELECT COUNT(*) FROM tasks", ())
+        return int(count)
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,361 @@
+"""The producer SDK: `Client.submit`, `submit_many`, `get` and `cancel` over any `TaskStore`.
+
+A task is accepted once the store acknowledged its write: `submit` returns its id
+only then, and `submit_many` counts an item as stored only then.
+
+When is a task due?
+-------------------
+Pass `run_at` (an aware datetime), or `delay` (a `timedelta` or seconds from now), or
+neither (due now). A `run_at` already in the past means "due now": without an
+idempotency key the task is stored at the current time, so it is neither early nor
+behind the dispatcher's cursor.
+
+What identifies a task
+----------------------
+Without an idempotency key, every `submit` makes a new task with a fresh random id.
+With `idempotency_key=k`, the task is `(tenant, k, run_at to the millisecond)`: its id
+is computed from exactly those three (`TaskId.for_key`), so a retried submit, from this
+process or any other, writes the same row again instead of a second task. The rewrite
+replaces type, payload, priority and max_attempts and keeps the status, so a retry never
+revives a cancelled or finished task. Because `run_at` is part of the identity, a keyed
+submit needs an explicit `run_at` taken from the caller's own data (for example
+`order.created_at + 15 minutes`); `delay=` is refused with a key, since each retry would
+compute another time and name another task. A keyed `run_at` in the past is kept as
+given, so that retries still agree, and such a task reaches the dispatcher through the
+hand-off.
+
+Hand-off
+--------
+Tasks due within `handoff_window_s` (two minutes by default) are, after the store
+acknowledged them, also given to `handoff.submitted`, and a cancel is reported to
+`handoff.cancelled`, so the owner of the shard, which has already read that minute,
+hears of them at once. A hand-off that fails is logged and counted; the store keeps the
+task either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from scheduler.errors import InvalidTask, StoreError
+from scheduler.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_PAYLOAD_BYTES,
+    Priority,
+    Task,
+    TaskId,
+    check_run_at_ms,
+    encode_payload,
+    to_ms,
+)
+from scheduler.ports import CancelOutcome, Handoff, StoredTask, TaskStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 16_000
+"""Tasks `submit_many` buffers before writing: enough for ~250-row batches per partition
+when a burst falls in one minute over 64 shards, and a bound on memory."""
+
+DEFAULT_HANDOFF_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """One item for `submit_many`; the fields mean what `Client.submit`'s arguments mean."""
+
+    type: str
+    payload: Any = None
+    tenant: str | None = None
+    run_at: datetime | None = None
+    delay: timedelta | float | None = None
+    priority: str | Priority = Priority.NORMAL
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ItemError:
+    """Why item `index` (0-based, in the order given) was not stored."""
+
+    index: int
+    reason: str
+    task_id: TaskId | None = None
+
+
+@dataclass
+class SubmitReport:
+    """The outcome of `submit_many`, item by item.
+
+    Every item read from the iterable is in exactly one of three places: stored (its id
+    in `ids`, when ids are kept), `rejected` (invalid, never sent) or `failed` (sent,
+    not acknowledged: it may or may not be stored; submitting the same id again is safe).
+    Items after `consumed` were not read, which happens only when the call stopped early.
+    """
+
+    consumed: int = 0
+    stored: int = 0
+    ids: list[TaskId | None] | None = field(default_factory=list)
+    rejected: list[ItemError] = field(default_factory=list)
+    failed: list[ItemError] = field(default_factory=list)
+    stopped_early: bool = False
+    handoff_failures: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """All items were read and stored."""
+        return not (self.rejected or self.failed or self.stopped_early)
+
+
+Progress = Callable[[SubmitReport], None]
+
+
+class Client:
+    """Submits, reads and cancels tasks in a `TaskStore`.
+
+    `tenant` is the default tenant of every call that names none. `now_ms` is injectable
+    for tests. Thread-safe when the store is.
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        tenant: str | None = None,
+        handoff: Handoff | None = None,
+        handoff_window_s: float = DEFAULT_HANDOFF_WINDOW_S,
+        default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be positive")
+        self.store = store
+        self.tenant = tenant
+        self.handoff = handoff
+        self.handoff_window_ms = int(handoff_window_s * 1000)
+        self.default_max_attempts = default_max_attempts
+        self.max_payload_bytes = max_payload_bytes
+        self.chunk_size = chunk_size
+        self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+
+    # Building and checking a task.
+
+    def task(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        priority: str | Priority = Priority.NORMAL,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+        now_ms: int | None = None,
+    ) -> Task:
+        """The task a `submit` with these arguments would store, or `InvalidTask` saying
+        what is wrong. Nothing is written."""
+        tenant = tenant if tenant is not None else self.tenant
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidTask("a task needs a tenant: pass tenant=..., or give the Client a default tenant")
+        if not isinstance(type, str) or not type:
+            raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        now = self._now_ms() if now_ms is None else now_ms
+        if run_at is not None and delay is not None:
+            raise InvalidTask("pass run_at or delay, not both")
+        if idempotency_key is not None and run_at is None:
+            raise InvalidTask(
+                "an idempotency key needs an explicit run_at: the key names the task together with its time, "
+                "and with delay= (or no time) every retry would compute another time and make another task. "
+                "Derive run_at from your own data, e.g. order.created_at + timedelta(minutes=15)"
+            )
+        if run_at is not None:
+            if not isinstance(run_at, datetime):
+                raise InvalidTask(f"run_at must be an aware datetime, got {run_at!r}")
+            run_at_ms = to_ms(run_at)
+            if idempotency_key is None:
+                run_at_ms = max(run_at_ms, now)
+        elif delay is not None:
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+                raise InvalidTask(f"delay must be a timedelta or a number of seconds, not negative; got {delay!r}")
+            run_at_ms = check_run_at_ms(now + int(seconds * 1000))
+        else:
+            run_at_ms = now
+        priority = Priority.parse(priority)
+        task_id = (
+            TaskId.for_key(run_at_ms, tenant, idempotency_key)
+            if isinstance(idempotency_key, str) and idempotency_key
+            else TaskId.new(run_at_ms)
+        )
+        return Task(
+            id=task_id,
+            tenant=tenant,
+            type=type,
+            payload=encode_payload(payload, max_bytes=self.max_payload_bytes),
+            run_at_ms=run_at_ms,
+            priority=priority,
+            max_attempts=self.default_max_attempts if max_attempts is None else max_attempts,
+            idempotency_key=idempotency_key,
+        )
+
+    # Writing.
+
+    def submit(
+        self,
+        type: str,
+        payload: Any = None,
+        *,
+        tenant: str | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        priority: str | Priority = Priority.NORMAL,
+        idempotency_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskId:
+        """Store one task and return its id once the store acknowledged the write.
+
+        Raises `InvalidTask` (nothing written) for bad arguments and `StoreError` when
+        the write was not acknowledged; the task may then exist or not, and retrying
+        with an idempotency key is safe.
+        """
+        task = self.task(
+            type, payload, tenant=tenant, run_at=run_at, delay=delay, priority=priority,
+            idempotency_key=idempotency_key, max_attempts=max_attempts,
+        )
+        failures = self.store.insert([task])
+        if failures:
+            raise StoreError(f"task {task.id} was not acknowledged by the store: {failures[0].reason}")
+        self._hand_off([task])
+        return task.id
+
+    def submit_many(
+        self,
+        items: Iterable[Submission | Mapping[str, Any] | InvalidTask],
+        *,
+        on_invalid: Literal["skip", "stop"] = "skip",
+        progress: Progress | None = None,
+        keep_ids: bool = True,
+    ) -> SubmitReport:
+        """Store many tasks, streaming: at most `chunk_size` are held at once.
+
+        An invalid item is reported in `rejected` and skipped (`on_invalid="skip"`), or
+        ends the reading there (`"stop"`) after the items before it are written. A write
+        the store does not acknowledge puts its items in `failed` and ends the reading,
+        since the store is then failing. `progress`, if given, is called with the report
+        so far after each chunk. `keep_ids=False` drops the per-item ids, for streams too
+        large to hold them. An item may be an `InvalidTask` instance: a caller that
+        parses its input passes what it could not parse, and it is rejected with that
+        message, so one report accounts for every input record.
+        """
+        if on_invalid not in ("skip", "stop"):
+            raise ValueError(f"on_invalid must be 'skip' or 'stop', got {on_invalid!r}")
+        report = SubmitReport(ids=[] if keep_ids else None)
+        chunk: list[tuple[int, Task]] = []
+        for index, item in enumerate(items):
+            report.consumed = index + 1
+            try:
+                task = self._task_of(item)
+            except InvalidTask as error:
+                report.rejected.append(ItemError(index, str(error)))
+                if report.ids is not None:
+                    report.ids.append(None)
+                if on_invalid == "stop":
+                    report.stopped_early = True
+                    break
+                continue
+            chunk.append((index, task))
+            if report.ids is not None:
+                report.ids.append(task.id)
+            if len(chunk) >= self.chunk_size:
+                if not self._write_chunk(chunk, report, progress):
+                    report.stopped_early = True
+                    return report
+                chunk = []
+        if chunk:
+            self._write_chunk(chunk, report, progress)
+        elif progress is not None:
+            progress(report)
+        return report
+
+    def _task_of(self, item: Submission | Mapping[str, Any] | InvalidTask) -> Task:
+        if isinstance(item, InvalidTask):
+            raise item
+        if isinstance(item, Submission):
+            fields: Mapping[str, Any] = {name: getattr(item, name) for name in Submission.__slots__}
+        elif isinstance(item, Mapping):
+            fields = item
+            unknown = set(fields) - set(Submission.__slots__)
+            if unknown:
+                raise InvalidTask(f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(Submission.__slots__)}")
+            if "type" not in fields:
+                raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        else:
+            raise InvalidTask(f"an item must be a Submission or a mapping, got {type(item).__name__}")
+        return self.task(**fields)
+
+    def _write_chunk(self, chunk: Sequence[tuple[int, Task]], report: SubmitReport, progress: Progress | None) -> bool:
+        tasks = [task for _, task in chunk]
+        failures = self.store.insert(tasks)
+        failed_ids: set[TaskId] = set()
+        if failures:
+            index_of = {task.id: index for index, task in chunk}
+            for failure in failures:
+                for task in failure.tasks:
+                    failed_ids.add(task.id)
+                    report.failed.append(ItemError(index_of[task.id], failure.reason, task.id))
+            report.failed.sort(key=lambda error: error.index)
+            if report.ids is not None:
+                for index, task in chunk:
+                    if task.id in failed_ids:
+                        report.ids[index] = None
+        report.stored += len(tasks) - len(failed_ids)
+        report.handoff_failures += self._hand_off([task for task in tasks if task.id not in failed_ids])
+        if progress is not None:
+            progress(report)
+        return not failures
+
+    def _hand_off(self, tasks: Sequence[Task]) -> int:
+        """Give the hand-off the tasks due within the window; the number it failed to take."""
+        if self.handoff is None or not tasks:
+            return 0
+        horizon = self._now_ms() + self.handoff_window_ms
+        due_soon = [task for task in tasks if task.run_at_ms <= horizon]
+        if not due_soon:
+            return 0
+        try:
+            self.handoff.submitted(due_soon)
+        except Exception:
+            log.warning("hand-off of %d tasks failed; the dispatcher will read them from the store",
+                        len(due_soon), exc_info=True, extra={"action": "handoff_failed"})
+            return len(due_soon)
+        return 0
+
+    # Reading and cancelling.
+
+    def get(self, task_id: TaskId | str) -> StoredTask | None:
+        """The stored task and its status, or None if no task has this id."""
+        return self.store.get(TaskId.parse(task_id) if isinstance(task_id, str) else task_id)
+
+    def cancel(self, task_id: TaskId | str, tenant: str | None = None) -> CancelOutcome:
+        """Cancel a task that has not finished. Only the task's tenant can: for another
+        tenant the answer is `NOT_FOUND` and nothing changes."""
+        tenant = tenant if tenant is not None else self.tenant
+        if not isinstance(tenant, str) or not tenant:
+            raise InvalidTask("cancel needs the tenant that owns the task")
+        task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
+        outcome = self.store.cancel(task_id, tenant)
+        if outcome is CancelOutcome.CANCELLED and self.handoff is not None:
+            if task_id.run_at_ms <= self._now_ms() + self.handoff_window_ms:
+                try:
+                    self.handoff.cancelled(task_id)
+                except Exception:
+                    log.warning("hand-off of the cancel of %s failed", task_id, exc_info=True,
+                                extra={"action": "handoff_failed"})
+        return outcome

@@ -1,0 +1,260 @@
+"""The producer SDK on the embedded store: validation, due times, idempotency,
+`submit_many` accounting, hand-off and cancel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.adapters.embedded.store import SqliteTaskStore
+from scheduler.errors import InvalidPayload, InvalidTask, StoreError
+from scheduler.model import MAX_PAYLOAD_BYTES, Partition, Priority, Task, TaskId, decode_payload, from_ms
+from scheduler.ports import CancelOutcome, InsertFailure, TaskStatus
+from scheduler.producer import Client, Submission, SubmitReport
+from tests.tasks import NINE_OCLOCK_MS
+
+NOW_MS = NINE_OCLOCK_MS - 30 * 60_000  # 08:30
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteTaskStore]:
+    opened = SqliteTaskStore(tmp_path / "tasks.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def client(store: SqliteTaskStore) -> Client:
+    return Client(store, tenant="board", now_ms=lambda: NOW_MS)
+
+
+def partition_rows(store: SqliteTaskStore, task_id: TaskId) -> list[Any]:
+    return list(store.read_partition(Partition(task_id.run_at_ms - task_id.run_at_ms % 60_000,
+                                               task_id.shard(store.shard_count))))
+
+
+def test_submit_stores_the_task_readable_by_id_and_in_its_partition(client: Client, store: SqliteTaskStore) -> None:
+    task_id = client.submit("sms", {"to": "+919800000001"}, run_at=from_ms(NINE_OCLOCK_MS), priority="high")
+    stored = client.get(task_id)
+    assert stored is not None
+    assert (stored.task.tenant, stored.task.type, stored.task.priority) == ("board", "sms", Priority.HIGH)
+    assert decode_payload(stored.task.payload) == {"to": "+919800000001"}
+    assert stored.task.run_at_ms == NINE_OCLOCK_MS
+    assert [row.task.id for row in partition_rows(store, task_id)] == [task_id]
+    assert client.get(str(task_id)) == stored
+
+
+def test_delay_counts_from_now_and_no_time_means_now(client: Client) -> None:
+    later = client.submit("reminder", delay=timedelta(minutes=15))
+    assert later.run_at_ms == NOW_MS + 15 * 60_000
+    assert client.submit("reminder", delay=90).run_at_ms == NOW_MS + 90_000
+    assert client.submit("reminder").run_at_ms == NOW_MS
+
+
+def test_a_run_at_in_the_past_is_due_now(client: Client) -> None:
+    task_id = client.submit("sms", run_at=from_ms(NOW_MS - 3_600_000))
+    assert task_id.run_at_ms == NOW_MS
+
+
+def test_a_time_zone_run_at_is_the_same_instant() -> None:
+    ist = timezone(timedelta(hours=5, minutes=30))
+    client = Client(SqliteTaskStore(":memory:"), tenant="board", now_ms=lambda: NOW_MS)
+    task_id = client.submit("sms", run_at=datetime(2026, 12, 2, 14, 30, tzinfo=ist))
+    assert task_id.run_at_ms == NINE_OCLOCK_MS
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        ({"run_at": datetime(2026, 12, 2, 9, 0)}, InvalidTask, "no time zone"),
+        ({"priority": "urgent"}, InvalidTask, "unknown priority 'urgent'"),
+        ({"tenant": ""}, InvalidTask, "needs a tenant"),
+        ({"payload": {1, 2}}, InvalidPayload, "cannot be encoded as msgpack"),
+        ({"payload": "x" * MAX_PAYLOAD_BYTES}, InvalidPayload, "over the 65536-byte limit"),
+        ({"run_at": from_ms(NINE_OCLOCK_MS), "delay": 5}, InvalidTask, "not both"),
+        ({"delay": -1}, InvalidTask, "not negative"),
+        ({"idempotency_key": "order-1"}, InvalidTask, "needs an explicit run_at"),
+        ({"idempotency_key": "order-1", "delay": 900}, InvalidTask, "needs an explicit run_at"),
+        ({"max_attempts": 0}, InvalidTask, "max_attempts"),
+    ],
+)
+def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(
+    store: SqliteTaskStore, arguments: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    client = Client(store, now_ms=lambda: NOW_MS)
+    arguments.setdefault("tenant", "board")
+    with pytest.raises(error, match=match):
+        client.submit("sms", **arguments)
+    assert store.count() == 0
+
+
+def test_without_a_tenant_the_client_default_is_used_and_missing_both_is_refused(store: SqliteTaskStore) -> None:
+    assert Client(store, tenant="college").get(Client(store, tenant="college").submit("sms")).task.tenant == "college"  # type: ignore[union-attr]
+    with pytest.raises(InvalidTask, match="needs a tenant"):
+        Client(store).submit("sms")
+
+
+def test_a_retried_idempotent_submit_writes_the_same_task_once(client: Client, store: SqliteTaskStore) -> None:
+    run_at = from_ms(NINE_OCLOCK_MS + 15 * 60_000)
+    first = client.submit("cancel_hold", {"order": 17}, run_at=run_at, idempotency_key="order-17")
+    again = Client(store, tenant="board", now_ms=lambda: NOW_MS + 5000).submit(
+        "cancel_hold", {"order": 17}, run_at=run_at, idempotency_key="order-17"
+    )
+    assert again == first
+    assert len(partition_rows(store, first)) == 1
+    other_tenant = client.submit("cancel_hold", {"order": 17}, run_at=run_at, idempotency_key="order-17",
+                                 tenant="college")
+    assert other_tenant != first
+
+
+def test_a_keyed_run_at_in_the_past_is_kept_so_retries_still_agree(client: Client) -> None:
+    past = from_ms(NOW_MS - 60_000)
+    first = client.submit("sms", run_at=past, idempotency_key="late")
+    assert first.run_at_ms == NOW_MS - 60_000
+    assert client.submit("sms", run_at=past, idempotency_key="late") == first
+
+
+def submissions(count: int, **overrides: Any) -> Iterator[Submission]:
+    for n in range(count):
+        yield Submission(type="sms", payload={"n": n}, run_at=from_ms(NINE_OCLOCK_MS + n), **overrides)
+
+
+def test_submit_many_stores_everything_in_chunks_and_reports_progress(store: SqliteTaskStore) -> None:
+    client = Client(store, tenant="board", now_ms=lambda: NOW_MS, chunk_size=100)
+    seen: list[int] = []
+    report = client.submit_many(submissions(250), progress=lambda r: seen.append(r.stored))
+    assert report.complete
+    assert (report.consumed, report.stored) == (250, 250)
+    assert seen == [100, 200, 250]
+    assert report.ids is not None and all(client.get(task_id) is not None for task_id in report.ids if task_id)
+
+
+def test_submit_many_reports_each_invalid_item_and_stores_the_rest(client: Client) -> None:
+    items: list[Any] = [
+        {"type": "sms", "payload": {"n": 0}},
+        {"type": "sms", "priority": "urgent"},
+        Submission(type="sms", payload={"n": 2}),
+        {"type": "sms", "colour": "red"},
+        "not an item",
+        InvalidTask("line 6 is not JSON"),
+        Submission(type="sms", payload={"n": 6}, run_at=datetime(2026, 12, 2, 9, 0)),
+        {"type": "sms", "payload": {"n": 7}},
+    ]
+    report = client.submit_many(items)
+    assert [error.index for error in report.rejected] == [1, 3, 4, 5, 6]
+    assert "unknown priority" in report.rejected[0].reason
+    assert "unknown field(s) colour" in report.rejected[1].reason
+    assert report.rejected[3].reason == "line 6 is not JSON"
+    assert (report.consumed, report.stored, report.failed, report.stopped_early) == (8, 3, [], False)
+    assert report.ids is not None
+    assert [index for index, task_id in enumerate(report.ids) if task_id] == [0, 2, 7]
+    payloads = [client.get(task_id) for task_id in report.ids if task_id]
+    assert [decode_payload(stored.task.payload)["n"] for stored in payloads if stored] == [0, 2, 7]
+
+
+def test_submit_many_can_stop_at_the_first_invalid_item(client: Client) -> None:
+    items = [*submissions(3), Submission(type=""), *submissions(3)]
+    report = client.submit_many(items, on_invalid="stop")
+    assert (report.consumed, report.stored, report.stopped_early) == (4, 3, True)
+    assert [error.index for error in report.rejected] == [3]
+    assert not report.complete
+
+
+class FailingSecondInsert:
+    """The real embedded store, except that in its second insert the group of the first
+    three tasks is not acknowledged (and not written), as when one batch times out."""
+
+    def __init__(self, store: SqliteTaskStore) -> None:
+        self.store = store
+        self.calls = 0
+        self.shard_count = store.shard_count
+
+    def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
+        self.calls += 1
+        if self.calls == 2:
+            return [*self.store.insert(tasks[3:]), InsertFailure(tasks[:3], "WriteTimeout: coordinator timed out")]
+        return self.store.insert(tasks)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def test_a_write_the_store_does_not_acknowledge_is_reported_and_ends_the_stream(store: SqliteTaskStore) -> None:
+    flaky = FailingSecondInsert(store)
+    client = Client(flaky, tenant="board", now_ms=lambda: NOW_MS, chunk_size=10)
+    report = client.submit_many(submissions(100))
+    assert report.consumed == 20
+    assert report.stopped_early and not report.complete
+    assert [error.index for error in report.failed] == [10, 11, 12]
+    assert "WriteTimeout" in report.failed[0].reason
+    assert report.stored == 17
+    assert report.ids is not None
+    assert [index for index, task_id in enumerate(report.ids) if task_id is None] == [10, 11, 12]
+    stored_ids = [task_id for task_id in report.ids if task_id]
+    assert all(store.get(task_id) is not None for task_id in stored_ids)
+
+
+def test_submit_raises_when_the_write_is_not_acknowledged(store: SqliteTaskStore) -> None:
+    flaky = FailingSecondInsert(store)
+    client = Client(flaky, tenant="board", now_ms=lambda: NOW_MS)
+    client.submit("sms")
+    with pytest.raises(StoreError, match="not acknowledged"):
+        client.submit("sms")
+
+
+class RecordingHandoff:
+    def __init__(self, fail: bool = False) -> None:
+        self.submitted_ids: list[TaskId] = []
+        self.cancelled_ids: list[TaskId] = []
+        self.fail = fail
+
+    def submitted(self, tasks: Sequence[Task]) -> None:
+        if self.fail:
+            raise ConnectionError("hand-off topic unreachable")
+        self.submitted_ids.extend(task.id for task in tasks)
+
+    def cancelled(self, task_id: TaskId) -> None:
+        self.cancelled_ids.append(task_id)
+
+
+def test_only_tasks_due_within_the_window_are_handed_off_after_they_are_stored(store: SqliteTaskStore) -> None:
+    handoff = RecordingHandoff()
+    client = Client(store, tenant="board", handoff=handoff, handoff_window_s=120, now_ms=lambda: NOW_MS)
+    soon = client.submit("sms", delay=119)
+    later = client.submit("sms", delay=121)
+    report = client.submit_many([Submission(type="sms", delay=5), Submission(type="sms", delay=3600)])
+    assert handoff.submitted_ids == [soon, report.ids[0]]  # type: ignore[index]
+    assert later not in handoff.submitted_ids
+    assert all(store.get(task_id) is not None for task_id in handoff.submitted_ids)
+
+    assert client.cancel(soon) is CancelOutcome.CANCELLED
+    assert client.cancel(later) is CancelOutcome.CANCELLED
+    assert handoff.cancelled_ids == [soon]
+
+
+def test_a_failed_hand_off_does_not_fail_the_submit(store: SqliteTaskStore) -> None:
+    client = Client(store, tenant="board", handoff=RecordingHandoff(fail=True), now_ms=lambda: NOW_MS)
+    task_id = client.submit("sms")
+    assert client.get(task_id) is not None
+    report = client.submit_many([Submission(type="sms")])
+    assert (report.stored, report.handoff_failures) == (1, 1)
+
+
+def test_a_tenant_cannot_cancel_another_tenants_task(client: Client) -> None:
+    task_id = client.submit("sms", delay=600)
+    assert client.cancel(task_id, tenant="college") is CancelOutcome.NOT_FOUND
+    assert client.get(task_id).status is TaskStatus.SCHEDULED  # type: ignore[union-attr]
+    assert client.cancel(task_id) is CancelOutcome.CANCELLED
+    with pytest.raises(InvalidTask, match="needs the tenant"):
+        Client(client.store).cancel(task_id)
+
+
+def test_progress_sees_a_report_even_for_an_empty_stream(client: Client) -> None:
+    reports: list[SubmitReport] = []
+    report = client.submit_many([], progress=reports.append)
+    assert report.complete and report.stored == 0
+    assert reports == [report]
