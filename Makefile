@@ -27,7 +27,7 @@ test: install cluster-start
 unit: install
 	$(BIN)/ruff check
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -m "not integration"
 
 cluster-start: install
 	$(BIN)/python deploy/local/cluster.py start
