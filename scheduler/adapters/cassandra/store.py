@@ -36,6 +36,7 @@ from typing import Any
 from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statement, tuple_factory
 
+from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
 from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, from_ms, minute_bucket, to_ms
@@ -109,6 +110,7 @@ class CassandraTaskStore:
                 f"cannot prepare the task store's statements in keyspace {keyspace!r} ({exc}); "
                 "has `scheduler schema apply` been run for it?"
             ) from exc
+        rows.check_insert_columns(self._q["insert_task"])
 
     @classmethod
     def open(cls, settings: CassandraSettings, **options: Any) -> CassandraTaskStore:
@@ -131,12 +133,6 @@ class CassandraTaskStore:
 
     # Writes on the submit path.
 
-    def _row(self, task: Task, shard: int) -> tuple[object, ...]:
-        return (
-            task.run_at_ms - task.run_at_ms % BUCKET_MS, shard, task.run_at_ms, task.id.uuid, task.tenant,
-            task.type, task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key,
-        )
-
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
         groups: dict[tuple[int, int], list[Task]] = defaultdict(list)
         shard_count = self._shard_count
@@ -146,16 +142,11 @@ class CassandraTaskStore:
         step = self._batch_rows
 
         def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
-            for (_, shard), group in groups.items():
+            for (bucket, shard), group in groups.items():
+                key = rows.partition_key(bucket, shard)
                 for start in range(0, len(group), step):
                     chunk = group[start:start + step]
-                    if len(chunk) == 1:
-                        yield insert.bind(self._row(chunk[0], shard)), chunk
-                        continue
-                    batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                    for task in chunk:
-                        batch.add(insert, self._row(task, shard))
-                    yield batch, chunk
+                    yield rows.insert_batch(insert, self.keyspace, key, chunk), chunk
 
         return self._run_all(batches())
 
@@ -290,11 +281,12 @@ class CassandraTaskStore:
                 raise ValueError(f"task {task.id} belongs to {task.partition(self._shard_count)}, not {partition}")
         bucket = from_ms(partition.minute_bucket)
 
+        key = rows.partition_key(partition.minute_bucket, partition.shard)
+
         def attempt(condition: str, values: tuple[object, ...]) -> Any:
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
             batch.add(self._q[condition], values)
-            for task in tasks:
-                batch.add(self._q["insert_task"], self._row(task, partition.shard))
+            rows.add_rows(batch, self._q["insert_task"], (rows.row_values(task, key) for task in tasks))
             return self._execute(batch)
 
         result = attempt("raise_fence", (token, bucket, partition.shard, token))
