@@ -45,6 +45,7 @@ from typing import Any, Literal
 from scheduler.errors import InvalidTask, StoreError
 from scheduler.model import (
     DEFAULT_MAX_ATTEMPTS,
+    MAX_ATTEMPTS_LIMIT,
     MAX_PAYLOAD_BYTES,
     Priority,
     Task,
@@ -62,6 +63,8 @@ DEFAULT_CHUNK_SIZE = 16_000
 when a burst falls in one minute over 64 shards, and a bound on memory."""
 
 DEFAULT_HANDOFF_WINDOW_S = 120.0
+
+_PRIORITIES: dict[object, Priority] = {**{p: p for p in Priority}, **{p.value: p for p in Priority}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,8 @@ class Client:
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
+        if not isinstance(default_max_attempts, int) or not 1 <= default_max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"default_max_attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {default_max_attempts!r}")
         self.store = store
         self.tenant = tenant
         self.handoff = handoff
@@ -143,6 +148,7 @@ class Client:
         self.max_payload_bytes = max_payload_bytes
         self.chunk_size = chunk_size
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
+        self._last_run_at: tuple[datetime | None, int] = (None, 0)
 
     # Building and checking a task.
 
@@ -178,7 +184,12 @@ class Client:
         if run_at is not None:
             if not isinstance(run_at, datetime):
                 raise InvalidTask(f"run_at must be an aware datetime, got {run_at!r}")
-            run_at_ms = to_ms(run_at)
+            cached = self._last_run_at  # submit_many's items often share one run_at object
+            if cached[0] is run_at:
+                run_at_ms = cached[1]
+            else:
+                run_at_ms = to_ms(run_at)
+                self._last_run_at = (run_at, run_at_ms)
             if idempotency_key is None:
                 run_at_ms = max(run_at_ms, now)
         elif delay is not None:
@@ -188,21 +199,20 @@ class Client:
             run_at_ms = check_run_at_ms(now + int(seconds * 1000))
         else:
             run_at_ms = now
-        priority = Priority.parse(priority)
-        task_id = (
-            TaskId.for_key(run_at_ms, tenant, idempotency_key)
-            if isinstance(idempotency_key, str) and idempotency_key
-            else TaskId.new(run_at_ms)
-        )
-        return Task(
-            id=task_id,
-            tenant=tenant,
-            type=type,
-            payload=encode_payload(payload, max_bytes=self.max_payload_bytes),
-            run_at_ms=run_at_ms,
-            priority=priority,
-            max_attempts=self.default_max_attempts if max_attempts is None else max_attempts,
-            idempotency_key=idempotency_key,
+        priority = _PRIORITIES.get(priority) or Priority.parse(priority)
+        if max_attempts is None:
+            max_attempts = self.default_max_attempts
+        elif not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise InvalidTask(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}")
+        if idempotency_key is None:
+            task_id = TaskId.new(run_at_ms)
+        elif isinstance(idempotency_key, str) and idempotency_key:
+            task_id = TaskId.for_key(run_at_ms, tenant, idempotency_key)
+        else:
+            raise InvalidTask("an idempotency key, when given, must be a non-empty string")
+        return Task.unchecked(
+            task_id, tenant, type, encode_payload(payload, max_bytes=self.max_payload_bytes), run_at_ms, priority,
+            1, max_attempts, idempotency_key,
         )
 
     # Writing.
@@ -288,17 +298,18 @@ class Client:
         if isinstance(item, InvalidTask):
             raise item
         if isinstance(item, Submission):
-            fields: Mapping[str, Any] = {name: getattr(item, name) for name in Submission.__slots__}
-        elif isinstance(item, Mapping):
-            fields = item
-            unknown = set(fields) - set(Submission.__slots__)
-            if unknown:
-                raise InvalidTask(f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(Submission.__slots__)}")
-            if "type" not in fields:
-                raise InvalidTask("a task needs a type: a non-empty string naming its handler")
-        else:
+            return self.task(
+                item.type, item.payload, tenant=item.tenant, run_at=item.run_at, delay=item.delay,
+                priority=item.priority, idempotency_key=item.idempotency_key, max_attempts=item.max_attempts,
+            )
+        if not isinstance(item, Mapping):
             raise InvalidTask(f"an item must be a Submission or a mapping, got {type(item).__name__}")
-        return self.task(**fields)
+        unknown = set(item) - set(Submission.__slots__)
+        if unknown:
+            raise InvalidTask(f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(Submission.__slots__)}")
+        if "type" not in item:
+            raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        return self.task(**item)
 
     def _write_chunk(self, chunk: Sequence[tuple[int, Task]], report: SubmitReport, progress: Progress | None) -> bool:
         tasks = [task for _, task in chunk]

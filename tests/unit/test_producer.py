@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.errors import InvalidPayload, InvalidTask, StoreError
@@ -258,3 +260,27 @@ def test_progress_sees_a_report_even_for_an_empty_stream(client: Client) -> None
     report = client.submit_many([], progress=reports.append)
     assert report.complete and report.stored == 0
     assert reports == [report]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    type_=st.one_of(st.text(max_size=5), st.none(), st.integers()),
+    tenant=st.one_of(st.text(max_size=5), st.none()),
+    priority=st.one_of(st.sampled_from(["high", "normal", "low", "urgent", ""]), st.sampled_from(list(Priority))),
+    key=st.one_of(st.none(), st.text(max_size=5), st.integers()),
+    max_attempts=st.one_of(st.none(), st.integers(-2, 102), st.booleans()),
+    offset_ms=st.integers(-10**6, 10**9),
+)
+def test_the_producers_own_checks_agree_with_the_tasks(
+    type_: Any, tenant: Any, priority: Any, key: Any, max_attempts: Any, offset_ms: int
+) -> None:
+    """`Client.task` builds tasks with `Task.unchecked`: whatever it accepts must pass
+    `Task`'s own checks, field for field."""
+    client = Client(SqliteTaskStore(":memory:"), now_ms=lambda: NOW_MS)
+    try:
+        task = client.task(type_, {"n": 1}, tenant=tenant, run_at=from_ms(NOW_MS + offset_ms), priority=priority,
+                           idempotency_key=key, max_attempts=max_attempts)
+    except InvalidTask:
+        return
+    fields = {name: getattr(task, name) for name in Task.__slots__}
+    assert Task(**fields) == task
