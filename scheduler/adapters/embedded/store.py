@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import mmh3
+
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Partition, Priority, Task, TaskId, check_shard_count
 from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusReport, StoredTask, TaskStatus
@@ -57,6 +59,11 @@ CREATE TABLE IF NOT EXISTS shards (
     fired_through INTEGER
 );
 """
+
+PRAGMAS = ("journal_mode=WAL", "cache_size=-32768")
+"""WAL lets readers run beside the writer; a 32 MiB page cache (the default is 2 MiB)
+keeps the B-tree pages of a minute's 64 partitions in memory while a burst is written,
+which bench/ingest.py measured at 1.4x the inserts per second."""
 
 _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, " \
            "status, status_attempt"
@@ -100,8 +107,8 @@ class SqliteTaskStore:
             self._db = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            for pragma in (*PRAGMAS, f"synchronous={synchronous}"):
+                self._db.execute(f"PRAGMA {pragma}")
             with self._transaction() as db:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
@@ -147,9 +154,12 @@ class SqliteTaskStore:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
     def _row_values(self, task: Task) -> tuple[object, ...]:
+        id_bytes = task.id.bytes
+        run_at = task.run_at_ms
         return (
-            task.minute_bucket, task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes, task.tenant,
-            task.type, task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key,
+            run_at - run_at % 60_000, mmh3.hash(id_bytes, 0, signed=False) % self._shard_count, run_at, id_bytes,
+            task.tenant, task.type, task.priority.code, task.payload, task.attempt, task.max_attempts,
+            task.idempotency_key,
         )
 
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
