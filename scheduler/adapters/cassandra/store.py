@@ -28,7 +28,7 @@ import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
@@ -74,7 +74,7 @@ class _Tally:
     """Outstanding requests of one `insert` call and what failed."""
 
     pending: int = 1  # the submitting loop itself, released when it has sent everything
-    failures: list[InsertFailure] | None = None
+    failures: list[InsertFailure] = field(default_factory=list)
 
 
 class CassandraTaskStore:
@@ -144,8 +144,9 @@ class CassandraTaskStore:
         def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
             for (bucket, shard), group in groups.items():
                 key = rows.partition_key(bucket, shard)
-                for start in range(0, len(group), step):
-                    chunk = group[start:start + step]
+                size = -(-len(group) // -(-len(group) // step))  # even batches: 260 rows go as 130 + 130
+                for start in range(0, len(group), size):
+                    chunk = group[start:start + size]
                     yield rows.insert_batch(insert, self.keyspace, key, chunk), chunk
 
         return self._run_all(batches())
@@ -160,7 +161,7 @@ class CassandraTaskStore:
             self._slots.release()
             with lock:
                 if failure is not None:
-                    tally.failures = [*(tally.failures or []), failure]
+                    tally.failures.append(failure)
                 tally.pending -= 1
                 if tally.pending == 0:
                     finished.set()
@@ -183,7 +184,7 @@ class CassandraTaskStore:
             if tally.pending == 0:
                 finished.set()
         finished.wait()
-        return tally.failures or []
+        return tally.failures
 
     # Reads.
 
@@ -201,10 +202,13 @@ class CassandraTaskStore:
             (from_ms(partition.minute_bucket), partition.shard, from_ms(low), from_ms(high))
         )
         statement.fetch_size = page_size
-        rows = self._execute(statement)
-        for row in rows:
-            if row[2] is not None:  # a row holding only a status (a report for a missing row)
-                yield _stored_task(row)
+        result = self._execute(statement)
+        try:
+            for row in result:  # later pages are fetched while iterating
+                if row[2] is not None:  # a row holding only a status (a report for a missing row)
+                    yield _stored_task(row)
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"reading partition {partition} failed: {_describe(exc)}") from exc
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
