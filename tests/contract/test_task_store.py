@@ -184,3 +184,14 @@ def test_a_fenced_write_refuses_a_task_of_another_partition(store: TaskStore) ->
     with pytest.raises(ValueError, match="belongs to"):
         store.write_fenced(Partition(NINE_OCLOCK_MS, 3), 5, [task])
     assert store.get(task.id) is None
+
+
+def test_a_cancel_overrides_the_status_of_the_latest_reported_attempt(store: TaskStore) -> None:
+    task = make_task(tenant="college")
+    store.insert([task])
+    store.record_status([StatusReport(task.id, task.run_at_ms, 2, TaskStatus.RUNNING)])
+
+    assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
+    found = store.get(task.id)
+    assert found is not None
+    assert (found.status, found.status_attempt) == (TaskStatus.CANCELLED, 2)

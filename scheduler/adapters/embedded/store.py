@@ -214,7 +214,7 @@ class SqliteTaskStore:
         key = self._locate(task_id)
         with self._transaction() as db:
             found = db.execute(
-                "SELECT tenant, status, attempt FROM tasks "
+                "SELECT tenant, status, attempt, status_attempt FROM tasks "
                 "WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?",
                 key,
             ).fetchone()
@@ -225,7 +225,7 @@ class SqliteTaskStore:
                 return CancelOutcome.ALREADY_CANCELLED
             if status.finished:
                 return CancelOutcome.FINISHED
-            attempt = found[2]
+            attempt = max(found[2], found[3] or 0)
             db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, *key,
                                         attempt, attempt, TaskStatus.CANCELLED.rank))
         return CancelOutcome.CANCELLED
