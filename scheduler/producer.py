@@ -54,7 +54,7 @@ from scheduler.model import (
     encode_payload,
     to_ms,
 )
-from scheduler.ports import CancelOutcome, Handoff, StoredTask, TaskStore
+from scheduler.ports import CancelOutcome, Handoff, InsertFailure, StoredTask, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,14 @@ class SubmitReport:
 
 
 Progress = Callable[[SubmitReport], None]
+
+
+def _priority(value: object) -> Priority:
+    try:
+        found = _PRIORITIES.get(value)
+    except TypeError:  # unhashable: certainly no priority
+        found = None
+    return found or Priority.parse(value)  # type: ignore[arg-type]
 
 
 class Client:
@@ -200,7 +208,7 @@ class Client:
             run_at_ms = check_run_at_ms(now + int(seconds * 1000))
         else:
             run_at_ms = now
-        priority = _PRIORITIES.get(priority) or Priority.parse(priority)
+        priority = _priority(priority)
         if max_attempts is None:
             max_attempts = self.default_max_attempts
         elif not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
@@ -307,14 +315,18 @@ class Client:
             raise InvalidTask(f"an item must be a Submission or a mapping, got {type(item).__name__}")
         unknown = set(item) - set(Submission.__slots__)
         if unknown:
-            raise InvalidTask(f"unknown field(s) {', '.join(sorted(unknown))}; known: {', '.join(Submission.__slots__)}")
+            names = ", ".join(sorted(map(repr, unknown)))
+            raise InvalidTask(f"unknown field(s) {names}; known: {', '.join(Submission.__slots__)}")
         if "type" not in item:
             raise InvalidTask("a task needs a type: a non-empty string naming its handler")
         return self.task(**item)
 
     def _write_chunk(self, chunk: Sequence[tuple[int, Task]], report: SubmitReport, progress: Progress | None) -> bool:
         tasks = [task for _, task in chunk]
-        failures = self.store.insert(tasks)
+        try:
+            failures = self.store.insert(tasks)
+        except StoreError as error:  # the report must survive: it says what was stored before
+            failures = [InsertFailure(tasks, str(error))]
         failed_ids: set[TaskId] = set()
         if failures:
             index_of = {task.id: index for index, task in chunk}

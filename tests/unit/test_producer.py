@@ -149,7 +149,7 @@ def test_submit_many_reports_each_invalid_item_and_stores_the_rest(client: Clien
     report = client.submit_many(items)
     assert [error.index for error in report.rejected] == [1, 3, 4, 5, 6]
     assert "unknown priority" in report.rejected[0].reason
-    assert "unknown field(s) colour" in report.rejected[1].reason
+    assert "unknown field(s) 'colour'" in report.rejected[1].reason
     assert report.rejected[3].reason == "line 6 is not JSON"
     assert (report.consumed, report.stored, report.failed, report.stopped_early) == (8, 3, [], False)
     assert report.ids is not None
@@ -266,7 +266,8 @@ def test_progress_sees_a_report_even_for_an_empty_stream(client: Client) -> None
 @given(
     type_=st.one_of(st.text(max_size=5), st.none(), st.integers()),
     tenant=st.one_of(st.text(max_size=5), st.none()),
-    priority=st.one_of(st.sampled_from(["high", "normal", "low", "urgent", ""]), st.sampled_from(list(Priority))),
+    priority=st.one_of(st.sampled_from(["high", "normal", "low", "urgent", "", 1, None, ["high"]]),
+                       st.sampled_from(list(Priority))),
     key=st.one_of(st.none(), st.text(max_size=5), st.integers()),
     max_attempts=st.one_of(st.none(), st.integers(-2, 102), st.booleans()),
     offset_ms=st.integers(-10**6, 10**9),
@@ -284,3 +285,32 @@ def test_the_producers_own_checks_agree_with_the_tasks(
         return
     fields = {name: getattr(task, name) for name in Task.__slots__}
     assert Task(**fields) == task
+
+
+class RaisingThirdInsert(FailingSecondInsert):
+    """The real embedded store, except that its third insert raises, as a store does
+    when it fails in a way it cannot put item by item."""
+
+    def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
+        self.calls += 1
+        if self.calls == 3:
+            raise StoreError("embedded store failed: disk I/O error")
+        return self.store.insert(tasks)
+
+
+def test_a_store_that_raises_mid_stream_still_yields_the_report(store: SqliteTaskStore) -> None:
+    client = Client(RaisingThirdInsert(store), tenant="board", now_ms=lambda: NOW_MS, chunk_size=10)
+    report = client.submit_many(submissions(100))
+    assert (report.consumed, report.stored, report.stopped_early) == (30, 20, True)
+    assert [error.index for error in report.failed] == list(range(20, 30))
+    assert "disk I/O error" in report.failed[0].reason
+    assert store.count() == 20
+
+
+def test_odd_items_are_rejected_not_raised(client: Client) -> None:
+    items: list[Any] = [{1: 2, "x": 3, "type": "sms"}, {"type": "sms", "priority": ["high"]}, 42]
+    report = client.submit_many(items)
+    assert [error.index for error in report.rejected] == [0, 1, 2]
+    assert "unknown field(s) 'x', 1;" in report.rejected[0].reason
+    assert "unknown priority" in report.rejected[1].reason
+    assert "must be a Submission or a mapping" in report.rejected[2].reason
