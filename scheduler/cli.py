@@ -163,15 +163,19 @@ _DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
 def parse_delay(text: str) -> timedelta:
     """`90`, `90s`, `15m`, `1h30m`, `2d`: a delay from now."""
     stripped = text.strip()
+    problem = f"{text!r} is not a delay: use seconds (90) or units such as 90s, 15m, 1h30m, 2d"
     try:
         return timedelta(seconds=float(stripped))
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     match = _DELAY.fullmatch(stripped)
     if not stripped or match is None:
-        raise click.BadParameter(f"{text!r} is not a delay: use seconds (90) or units such as 90s, 15m, 1h30m, 2d")
+        raise click.BadParameter(problem)
     days, hours, minutes, seconds = (float(part) if part else 0.0 for part in match.groups())
-    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    try:
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    except OverflowError:
+        raise click.BadParameter(f"{text!r} is too long a delay") from None
 
 
 def parse_run_at(text: str) -> datetime:
@@ -191,14 +195,15 @@ def parse_payload(text: str) -> Any:
         raise click.BadParameter(f"payload is not JSON ({exc.msg} at column {exc.colno})") from None
 
 
-def tenant_option(help: str) -> Callable[[F], F]:
-    return click.option("--tenant", "tenant", envvar="SCHEDULER_TENANT", show_envvar=True, required=True, help=help)
+def tenant_option(help: str, required: bool = True) -> Callable[[F], F]:
+    return click.option("--tenant", "tenant", envvar="SCHEDULER_TENANT", show_envvar=True, required=required,
+                        help=help)
 
 
 @cli.command()
 @click.argument("task_type", metavar="TYPE", required=False)
 @click.option("--payload", "payload", default="null", show_default=True, help="The task's payload as JSON.")
-@tenant_option("Tenant that owns the task.")
+@tenant_option("Tenant that owns the task (with --file: of the lines that name none).", required=False)
 @click.option("--run-at", "run_at", help="When it is due: ISO 8601 with a zone, e.g. 2026-12-02T10:00:00+05:30. "
               "A time in the past means due now.")
 @click.option("--delay", "delay", help="Due this long from now: 90, 90s, 15m, 1h30m, 2d. Default: due now.")
@@ -211,7 +216,7 @@ def tenant_option(help: str) -> Callable[[F], F]:
               "stdin) instead: one object per line with the fields type, payload, tenant, run_at, delay "
               "(seconds), priority, idempotency_key, max_attempts; --tenant is the default tenant.")
 @store_options
-def submit(task_type: str | None, payload: str, tenant: str, run_at: str | None, delay: str | None, priority: str,
+def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str | None, delay: str | None, priority: str,
            key: str | None, max_attempts: int, file: TextIO | None, backend: str, db: Path, **cassandra: Any) -> None:
     """Store a task and print its id once the store acknowledged the write.
 
@@ -228,10 +233,14 @@ def submit(task_type: str | None, payload: str, tenant: str, run_at: str | None,
         return
     if task_type is None:
         raise click.UsageError("missing TYPE (the task's handler name), or --file")
+    if not tenant:
+        raise click.UsageError("missing --tenant (or SCHEDULER_TENANT): the tenant that owns the task")
+    parsed_payload = parse_payload(payload)  # the flags are read before the store is opened
+    parsed_run_at = parse_run_at(run_at) if run_at else None
+    parsed_delay = parse_delay(delay) if delay else None
     with open_store(backend, db, **cassandra) as store:
         task_id = Client(store).submit(
-            task_type, parse_payload(payload), tenant=tenant,
-            run_at=parse_run_at(run_at) if run_at else None, delay=parse_delay(delay) if delay else None,
+            task_type, parsed_payload, tenant=tenant, run_at=parsed_run_at, delay=parsed_delay,
             priority=priority, idempotency_key=key, max_attempts=max_attempts,
         )
     click.echo(str(task_id))

@@ -138,3 +138,26 @@ def test_get_of_an_unknown_id_is_a_failure_and_of_garbage_a_usage_error(tmp_path
     assert missing.returncode == Exit.FAILURE
     assert "no task with id" in missing.stderr
     assert run_cli("get", "nope", env=env).returncode == Exit.USAGE
+
+
+def test_submit_without_a_tenant_is_a_usage_error_but_a_file_may_name_its_own(tmp_path: Path) -> None:
+    env = embedded_env(tmp_path)
+    env.pop("SCHEDULER_TENANT", None)
+    missing = run_cli("submit", "sms", env=env)
+    assert missing.returncode == Exit.USAGE
+    assert "missing --tenant" in missing.stderr
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"type": "sms", "tenant": "board"}) + "\n" + json.dumps({"type": "sms"}) + "\n")
+    result = run_cli("submit", "--file", str(path), env=env)
+    assert result.returncode == Exit.FAILURE
+    assert "1 stored, 1 invalid" in result.stdout
+    assert "line 2: not stored, invalid: a task needs a tenant" in result.stderr
+
+
+@pytest.mark.parametrize("delay", ["inf", "nan", "99999999999d", "-"])
+def test_an_impossible_delay_is_a_usage_error(tmp_path: Path, delay: str) -> None:
+    result = run_cli("submit", "sms", "--tenant", "t", "--delay", delay, env=embedded_env(tmp_path))
+    assert result.returncode == Exit.USAGE
+    assert "delay" in result.stderr
+    assert not (tmp_path / "tasks.db").exists()
