@@ -33,9 +33,9 @@ class TaskStatus(enum.Enum):
     SCHEDULED = "scheduled"
     RUNNING = "running"
     FAILED = "failed"
+    CANCELLED = "cancelled"
     DONE = "done"
     DEAD = "dead"
-    CANCELLED = "cancelled"
 
     @property
     def finished(self) -> bool:
@@ -44,7 +44,9 @@ class TaskStatus(enum.Enum):
 
     @property
     def rank(self) -> int:
-        """Order of reports within one attempt: a later phase wins over an earlier one."""
+        """Order of reports within one attempt: a later phase wins over an earlier one.
+        A cancel outranks `running` and `failed` (the attempt's own late reports do not
+        undo it) but not `done` or `dead`: what has finished stays finished."""
         return _RANKS[self]
 
 
@@ -52,9 +54,9 @@ _RANKS = {
     TaskStatus.SCHEDULED: 0,
     TaskStatus.RUNNING: 1,
     TaskStatus.FAILED: 2,
-    TaskStatus.DONE: 3,
-    TaskStatus.DEAD: 4,
-    TaskStatus.CANCELLED: 5,
+    TaskStatus.CANCELLED: 3,
+    TaskStatus.DONE: 4,
+    TaskStatus.DEAD: 5,
 }
 
 
@@ -69,13 +71,10 @@ class StoredTask:
 
 @dataclass(frozen=True, slots=True)
 class StatusReport:
-    """A worker's (or the dispatcher's) word on one attempt of a task.
-
-    `run_at_ms` locates the row: it is the `run_at` of the attempt being reported.
-    """
+    """A worker's (or the dispatcher's) word on one attempt of a task. It is recorded
+    on the task's home row (see `TaskStore`), whichever attempt it is about."""
 
     task_id: TaskId
-    run_at_ms: int
     attempt: int
     status: TaskStatus
 
@@ -108,6 +107,11 @@ class InsertFailure:
 
 class TaskStore(Protocol):
     """Durable home of tasks, partitioned by `(minute_bucket, shard)`.
+
+    A task's home row is the one at the `run_at` its id carries: `get`, `cancel` and
+    status reports all address it, so the task's latest status is always there. A row
+    written for a later attempt (at a later `run_at`, so that the dispatcher finds it)
+    is only a copy to fire; whoever runs it checks the home row first.
 
     Thread-safety: every method may be called from several threads at once.
     Failures: methods raise `StoreError` (or `StoreUnavailable`) for a store that fails
@@ -144,22 +148,29 @@ class TaskStore(Protocol):
         ...
 
     def get(self, task_id: TaskId) -> StoredTask | None:
-        """The task stored under `task_id` at the `run_at` its id carries, or None."""
+        """The task's home row, or None."""
         ...
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         """Mark the task cancelled unless it is finished. Only its own tenant may cancel
-        it; for any other tenant the answer is `NOT_FOUND` and nothing changes."""
+        it; for any other tenant the answer is `NOT_FOUND` and nothing changes. If the
+        task finishes while it is being cancelled, the answer is `FINISHED` and the
+        finished status stays. A cancel does not interrupt an attempt that is running;
+        it keeps any further attempt from starting."""
         ...
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
-        """Apply status reports to existing rows (a report for a missing row is dropped).
+        """Record status reports on the tasks' home rows.
 
         A report replaces the stored status only when `(attempt, status.rank)` is at
         least the stored one's, so a stale attempt's late report never overwrites a newer
         attempt's, and `running` never overwrites `done` of the same attempt. No
         per-report conditional write: the order is kept by write timestamps (Cassandra)
         or by the comparison inside the update (SQLite).
+
+        Reports are for stored tasks. One for a task that is not stored is never
+        readable on its own; whether it survives until that id is inserted is the
+        adapter's business (Cassandra keeps it, SQLite drops it).
         """
         ...
 
@@ -194,10 +205,12 @@ class TaskStore(Protocol):
 
 
 class Handoff(Protocol):
-    """Where the producer hands tasks that fall due soon, so the shard's owner learns of
-    them without waiting for its next read (the dispatcher consumes it). Called after
-    the store acknowledged the write: the store stays the source of truth, and a lost
-    hand-off only costs the dispatcher's re-read of the slice ahead of its cursor."""
+    """Where the producer hands tasks that fall due soon, and cancels of them, so the
+    shard's owner learns of them at once (the dispatcher consumes it). Called after the
+    store acknowledged the write; must return only once the hand-off is durable, and
+    raise if it is not. A task due now may already be behind the dispatcher's cursor
+    when it is stored, so for such a task the hand-off is what makes it fire: the
+    producer treats a failed hand-off as a failed submit."""
 
     def submitted(self, tasks: Sequence[Task]) -> None: ...
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from scheduler.model import BUCKET_MS, Partition, Priority, TaskId, decode_payload
+from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
@@ -94,7 +94,7 @@ def test_cancel_answers_for_each_case_and_only_the_owner_can_cancel(store: TaskS
     task = make_task(tenant="college")
     finished = make_task(tenant="college")
     store.insert([task, finished])
-    store.record_status([StatusReport(finished.id, finished.run_at_ms, 1, TaskStatus.DONE)])
+    store.record_status([StatusReport(finished.id, 1, TaskStatus.DONE)])
 
     assert store.cancel(task.id, "board") is CancelOutcome.NOT_FOUND
     assert store.get(task.id).status is TaskStatus.SCHEDULED  # type: ignore[union-attr]
@@ -112,7 +112,7 @@ def test_a_stale_attempts_report_never_overwrites_a_newer_one(store: TaskStore) 
     store.insert([task])
 
     def report(attempt: int, status: TaskStatus) -> None:
-        store.record_status([StatusReport(task.id, task.run_at_ms, attempt, status)])
+        store.record_status([StatusReport(task.id, attempt, status)])
 
     def status() -> tuple[TaskStatus, int]:
         found = store.get(task.id)
@@ -131,7 +131,7 @@ def test_a_stale_attempts_report_never_overwrites_a_newer_one(store: TaskStore) 
 
 def test_a_report_for_a_missing_task_creates_nothing_readable(store: TaskStore) -> None:
     ghost = make_task()
-    store.record_status([StatusReport(ghost.id, ghost.run_at_ms, 1, TaskStatus.DONE)])
+    store.record_status([StatusReport(ghost.id, 1, TaskStatus.DONE)])
     assert store.get(ghost.id) is None
     assert list(store.read_partition(ghost.partition(store.shard_count))) == []
 
@@ -189,9 +189,80 @@ def test_a_fenced_write_refuses_a_task_of_another_partition(store: TaskStore) ->
 def test_a_cancel_overrides_the_status_of_the_latest_reported_attempt(store: TaskStore) -> None:
     task = make_task(tenant="college")
     store.insert([task])
-    store.record_status([StatusReport(task.id, task.run_at_ms, 2, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING)])
 
     assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
     found = store.get(task.id)
     assert found is not None
     assert (found.status, found.status_attempt) == (TaskStatus.CANCELLED, 2)
+
+
+def test_racing_first_fenced_writes_leave_the_newest_token_in_charge(store: TaskStore) -> None:
+    """During a take-over the old and new owner may both make the first fenced write of
+    a partition; whatever the interleaving, the newest token must win and be told so."""
+    tokens = list(range(1, 7))
+    for shard in range(20, 25):
+        partition = Partition(NINE_OCLOCK_MS, shard)
+        tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, shard, len(tokens))
+        start = threading.Barrier(len(tokens))
+        answers: dict[int, bool] = {}
+
+        def write(token: int, partition: Partition = partition, start: threading.Barrier = start,
+                  answers: dict[int, bool] = answers, tasks: list = tasks) -> None:  # type: ignore[type-arg]
+            start.wait(timeout=30)
+            answers[token] = store.write_fenced(partition, token, [tasks[token - 1]])
+
+        threads = [threading.Thread(target=write, args=(token,)) for token in tokens]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert answers[max(tokens)] is True
+        assert store.partition_fence(partition) == max(tokens)
+        written = {stored.task.id for stored in store.read_partition(partition)}
+        assert written == {tasks[token - 1].id for token, applied in answers.items() if applied}
+
+
+def test_racing_first_advances_keep_the_furthest_cursor(store: TaskStore) -> None:
+    store.take_shard(30, "a", 7)
+    targets = [NINE_OCLOCK_MS + n * 1000 for n in range(1, 7)]
+    start = threading.Barrier(len(targets))
+    answers: dict[int, bool] = {}
+
+    def advance(target: int) -> None:
+        start.wait(timeout=30)
+        answers[target] = store.advance_shard(30, 7, target)
+
+    threads = [threading.Thread(target=advance, args=(target,)) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert answers[max(targets)] is True
+    assert store.read_shard(30).fired_through_ms == max(targets)
+
+
+def test_a_cancel_gives_way_to_done_but_not_to_a_late_running(store: TaskStore) -> None:
+    finishing, running = make_task(tenant="college"), make_task(tenant="college")
+    store.insert([finishing, running])
+    assert store.cancel(finishing.id, "college") is CancelOutcome.CANCELLED
+    store.record_status([StatusReport(finishing.id, 1, TaskStatus.DONE)])
+    assert store.get(finishing.id).status is TaskStatus.DONE  # type: ignore[union-attr]
+
+    assert store.cancel(running.id, "college") is CancelOutcome.CANCELLED
+    store.record_status([StatusReport(running.id, 1, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(running.id, 1, TaskStatus.FAILED)])
+    assert store.get(running.id).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+
+
+def test_inserting_a_task_again_without_its_key_keeps_the_key(store: TaskStore) -> None:
+    keyed = make_task(key="order-3")
+    store.insert([keyed])
+    store.insert([Task(id=keyed.id, tenant=keyed.tenant, type=keyed.type, payload=keyed.payload,
+                       run_at_ms=keyed.run_at_ms)])
+    assert store.get(keyed.id).task.idempotency_key == "order-3"  # type: ignore[union-attr]
+
+
+def test_a_page_size_below_one_is_refused(store: TaskStore) -> None:
+    with pytest.raises(ValueError, match="page_size"):
+        list(store.read_partition(Partition(NINE_OCLOCK_MS, 0), page_size=0))

@@ -44,6 +44,9 @@ from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusRepo
 from scheduler.settings import CassandraSettings
 
 DEFAULT_BATCH_ROWS = 250
+_CONDITION_ROUNDS = 5
+"""Tries of a conditional write whose first form (`IF col = null`) lost a race; each
+lost race means another writer set the column, so the second round decides."""
 DEFAULT_MAX_IN_FLIGHT = 16
 TUPLES = "scheduler.tuples"
 """Execution profile returning plain tuples: a third cheaper to build than named tuples."""
@@ -166,23 +169,27 @@ class CassandraTaskStore:
                 if tally.pending == 0:
                     finished.set()
 
-        for statement, tasks in requests:
-            self._slots.acquire()
+        try:
+            for statement, tasks in requests:
+                self._slots.acquire()
+                with lock:
+                    tally.pending += 1
+                try:
+                    future: ResponseFuture = self._session.execute_async(statement)
+                    future.add_callbacks(
+                        callback=lambda _rows, settle=settle: settle(None),
+                        errback=lambda exc, tasks=tasks: settle(InsertFailure(tasks, _describe(exc))),
+                    )
+                except DRIVER_ERRORS as exc:
+                    settle(InsertFailure(tasks, _describe(exc)))
+                except BaseException as exc:
+                    settle(InsertFailure(tasks, _describe(exc)))
+                    raise
+        finally:  # even when the loop fails, wait for what is in flight before returning
             with lock:
-                tally.pending += 1
-            try:
-                future: ResponseFuture = self._session.execute_async(statement)
-            except DRIVER_ERRORS as exc:
-                settle(InsertFailure(tasks, _describe(exc)))
-                continue
-            future.add_callbacks(
-                callback=lambda _rows, settle=settle: settle(None),
-                errback=lambda exc, tasks=tasks: settle(InsertFailure(tasks, _describe(exc))),
-            )
-        with lock:
-            tally.pending -= 1
-            if tally.pending == 0:
-                finished.set()
+                tally.pending -= 1
+                if tally.pending == 0:
+                    finished.set()
         finished.wait()
         return tally.failures
 
@@ -196,6 +203,8 @@ class CassandraTaskStore:
         through_ms: int | None = None,
         page_size: int = 5000,
     ) -> Iterator[StoredTask]:
+        if page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
         low = partition.minute_bucket - 1 if after_ms is None else after_ms
         high = partition.minute_bucket + BUCKET_MS if through_ms is None else through_ms
         statement = self._q["read_range"].bind(
@@ -214,8 +223,9 @@ class CassandraTaskStore:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
         return _stored_task(row) if row is not None and row[2] is not None else None
 
-    def _key(self, task_id: TaskId, run_at_ms: int | None = None) -> tuple[object, ...]:
-        run_at = task_id.run_at_ms if run_at_ms is None else run_at_ms
+    def _key(self, task_id: TaskId) -> tuple[object, ...]:
+        """The bound primary key of the task's home row."""
+        run_at = task_id.run_at_ms
         return (from_ms(minute_bucket(run_at)), task_id.shard(self._shard_count), from_ms(run_at), task_id.uuid)
 
     # Cancel and status.
@@ -229,19 +239,25 @@ class CassandraTaskStore:
         if found.status.finished:
             return CancelOutcome.FINISHED
         attempt = max(found.task.attempt, found.status_attempt)
-        self._execute(self._status_statement(StatusReport(task_id, task_id.run_at_ms, attempt, TaskStatus.CANCELLED)))
+        self._execute(self._status_statement(StatusReport(task_id, attempt, TaskStatus.CANCELLED)))
+        # The read and the write are not one step: a `done` reported in between outranks
+        # the cancel (see TaskStatus.rank). Read again to answer what the row now says.
+        after = self.get(task_id)
+        if after is not None and after.status.finished and after.status is not TaskStatus.CANCELLED:
+            return CancelOutcome.FINISHED
         return CancelOutcome.CANCELLED
 
     def _status_statement(self, report: StatusReport) -> Statement:
         timestamp = status_write_timestamp_us(report.task_id, report.attempt, report.status)
         return self._q["set_status"].bind(
-            (timestamp, report.status.value, report.attempt, *self._key(report.task_id, report.run_at_ms))
+            (timestamp, report.status.value, report.attempt, *self._key(report.task_id))
         )
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         by_partition: dict[tuple[int, int], list[StatusReport]] = defaultdict(list)
         for report in reports:
-            by_partition[(minute_bucket(report.run_at_ms), report.task_id.shard(self._shard_count))].append(report)
+            home = (minute_bucket(report.task_id.run_at_ms), report.task_id.shard(self._shard_count))
+            by_partition[home].append(report)
 
         def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
             for group in by_partition.values():
@@ -271,13 +287,18 @@ class CassandraTaskStore:
 
     def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
         moment = from_ms(fired_through_ms)
-        result = self._execute(self._q["advance_shard"].bind((moment, shard, token, moment)))
-        if result.was_applied:
-            return True
-        current = result.one()
-        if current is None or current[1] != token or current[2] is not None:
-            return False
-        return bool(self._execute(self._q["advance_shard_first"].bind((moment, shard, token))).was_applied)
+        for _ in range(_CONDITION_ROUNDS):
+            result = self._execute(self._q["advance_shard"].bind((moment, shard, token, moment)))
+            if result.was_applied:
+                return True
+            current = result.one()
+            if current is None or current[1] != token or current[2] is not None:
+                return False
+            # The cursor was null: the first advance. If another caller with the same token
+            # sets it first, go round and compare with what it set.
+            if self._execute(self._q["advance_shard_first"].bind((moment, shard, token))).was_applied:
+                return True
+        raise StoreError(f"advancing shard {shard} kept racing other writers; giving up")
 
     def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
         for task in tasks:
@@ -293,12 +314,17 @@ class CassandraTaskStore:
             rows.add_rows(batch, self._q["insert_task"], (rows.row_values(task, key) for task in tasks))
             return self._execute(batch)
 
-        result = attempt("raise_fence", (token, bucket, partition.shard, token))
-        if result.was_applied:
-            return True
-        if _column(result, "fence") is not None:
-            return False
-        return bool(attempt("raise_fence_first", (token, bucket, partition.shard)).was_applied)
+        for _ in range(_CONDITION_ROUNDS):
+            result = attempt("raise_fence", (token, bucket, partition.shard, token))
+            if result.was_applied:
+                return True
+            if _column(result, "fence") is not None:
+                return False  # a newer token has written here
+            # No fence yet: the first fenced write. If another token sets it first (an older
+            # one, during a take-over), go round: `IF fence <= token` then decides.
+            if attempt("raise_fence_first", (token, bucket, partition.shard)).was_applied:
+                return True
+        raise StoreError(f"the fenced write to {partition} kept racing other writers; giving up")
 
     def partition_fence(self, partition: Partition) -> int | None:
         row = self._execute(self._q["read_fence"].bind((from_ms(partition.minute_bucket), partition.shard))).one()

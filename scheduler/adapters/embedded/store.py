@@ -74,7 +74,7 @@ INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET tenant = excluded.tenant, type = excluded.type, priority = excluded.priority,
     payload = excluded.payload, attempt = excluded.attempt, max_attempts = excluded.max_attempts,
-    idempotency_key = excluded.idempotency_key
+    idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key)
 """
 
 _STATUS_UPDATE = """
@@ -139,10 +139,14 @@ class SqliteTaskStore:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     yield self._db
+                    self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    if self._db.in_transaction:  # also after a failed COMMIT
+                        try:
+                            self._db.execute("ROLLBACK")
+                        except sqlite3.Error:
+                            pass  # the original failure is the one to report
                     raise
-                self._db.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
@@ -179,6 +183,8 @@ class SqliteTaskStore:
         through_ms: int | None = None,
         page_size: int = 5000,
     ) -> Iterator[StoredTask]:
+        if page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
         last: tuple[int, bytes] | None = None
         low = -1 if after_ms is None else after_ms
         high = (1 << 62) if through_ms is None else through_ms
@@ -199,8 +205,9 @@ class SqliteTaskStore:
                 return
             last = (rows[-1][0], rows[-1][1])
 
-    def _locate(self, task_id: TaskId, run_at_ms: int | None = None) -> tuple[int, int, int, bytes]:
-        run_at = task_id.run_at_ms if run_at_ms is None else run_at_ms
+    def _locate(self, task_id: TaskId) -> tuple[int, int, int, bytes]:
+        """The primary key of the task's home row."""
+        run_at = task_id.run_at_ms
         return (run_at - run_at % 60_000, task_id.shard(self._shard_count), run_at, task_id.bytes)
 
     def get(self, task_id: TaskId) -> StoredTask | None:
@@ -233,7 +240,7 @@ class SqliteTaskStore:
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         rows = [
             (report.status.value, report.attempt, report.status.rank,
-             *self._locate(report.task_id, report.run_at_ms), report.attempt, report.attempt, report.status.rank)
+             *self._locate(report.task_id), report.attempt, report.attempt, report.status.rank)
             for report in reports
         ]
         with self._transaction() as db:
