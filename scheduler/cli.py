@@ -249,8 +249,13 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
 def submit_file(client: Any, file: TextIO) -> None:
     from scheduler.producer import SubmitReport
 
+    line_of: list[int] = []  # the file line of each item: blank lines are not items
+
     def items() -> Iterator[Any]:
-        for line in file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            line_of.append(number)
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -269,13 +274,16 @@ def submit_file(client: Any, file: TextIO) -> None:
 
         report = client.submit_many(items(), progress=progress, keep_ids=False)
     for error in report.rejected:
-        click.echo(f"line {error.index + 1}: not stored, invalid: {error.reason}", err=True)
+        click.echo(f"line {line_of[error.index]}: not stored, invalid: {error.reason}", err=True)
     for error in report.failed:
-        click.echo(f"line {error.index + 1}: not acknowledged (may be stored; retry is safe): {error.reason}",
+        click.echo(f"line {line_of[error.index]}: task {error.task_id} not stored for certain: {error.reason}",
                    err=True)
     unread = " (stopped: lines after the last one reported were not read)" if report.stopped_early else ""
-    click.echo(f"{report.stored} stored, {len(report.rejected)} invalid, {len(report.failed)} not acknowledged"
+    click.echo(f"{report.stored} stored, {len(report.rejected)} invalid, {len(report.failed)} not stored for certain"
                f"{unread}")
+    if report.failed:
+        click.echo("Lines with an idempotency_key can be submitted again safely; a line without one would get a "
+                   "new id, so check with `scheduler get` first.", err=True)
     if not report.complete:
         raise click.exceptions.Exit(Exit.FAILURE)
 
@@ -299,12 +307,17 @@ def describe(stored: StoredTask) -> dict[str, Any]:
 @cli.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@tenant_option("Only show the task if it belongs to this tenant (as a tenant's own tools should).",
+               required=False)
 @store_options
-def get(task_id: str, as_json: bool, backend: str, db: Path, **cassandra: Any) -> None:
-    """Show a task and its status (exit 1 if there is none with this id)."""
+def get(task_id: str, as_json: bool, tenant: str | None, backend: str, db: Path, **cassandra: Any) -> None:
+    """Show a task and its status (exit 1 if there is none with this id, or it belongs
+    to another tenant than --tenant)."""
+    from scheduler.producer import Client
+
     parsed = TaskId.parse(task_id)
     with open_store(backend, db, **cassandra) as store:
-        stored = store.get(parsed)
+        stored = Client(store).get(parsed, tenant=tenant or None)
     if stored is None:
         click.echo(f"no task with id {parsed}", err=True)
         raise click.exceptions.Exit(Exit.FAILURE)

@@ -36,6 +36,12 @@ class ConfigError(SchedulerError, ValueError):
     """A setting that cannot be used (bad keyspace name, shard count, consistency level...)."""
 
 
+class HandoffFailed(SchedulerError):
+    """A task (or cancel) due soon was stored but could not be handed to the dispatcher,
+    so it may not take effect in time: submitting it again with its idempotency key, or
+    cancelling again, is the remedy."""
+
+
 class StoreError(SchedulerError):
     """The task store failed or could not be reached."""
 

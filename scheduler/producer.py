@@ -7,8 +7,9 @@ When is a task due?
 -------------------
 Pass `run_at` (an aware datetime), or `delay` (a `timedelta` or seconds from now), or
 neither (due now). A `run_at` already in the past means "due now": without an
-idempotency key the task is stored at the current time, so it is neither early nor
-behind the dispatcher's cursor.
+idempotency key the task is stored at the current time. A task due now may be behind
+the dispatcher's cursor by the time it is stored; the hand-off (below) is what brings
+it to the dispatcher.
 
 What identifies a task
 ----------------------
@@ -27,10 +28,13 @@ hand-off.
 Hand-off
 --------
 Tasks due within `handoff_window_s` (two minutes by default) are, after the store
-acknowledged them, also given to `handoff.submitted`, and a cancel is reported to
+acknowledged them, also given to `handoff.submitted`, and a cancel of such a task to
 `handoff.cancelled`, so the owner of the shard, which has already read that minute,
-hears of them at once. A hand-off that fails is logged and counted; the store keeps the
-task either way.
+hears of them at once. A failed hand-off is a failed submit (`HandoffFailed`, or the
+item in `SubmitReport.failed`): the task is stored, but nothing promises it fires on
+time, so the caller must know. `submit_many` holds a chunk with such a task at most
+`URGENT_FLUSH_MS` before writing it. Without a hand-off (`handoff=None`, until the
+dispatcher defines its topic) near-term tasks rely on the dispatcher's own reads.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from scheduler.errors import InvalidTask, StoreError
+from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
 from scheduler.model import (
     DEFAULT_MAX_ATTEMPTS,
     MAX_ATTEMPTS_LIMIT,
@@ -64,6 +68,14 @@ burst falls in one minute over 64 shards, ~780 tasks a partition, i.e. batches o
 ~200-260 rows, near the size the Cassandra store batches at best."""
 
 DEFAULT_HANDOFF_WINDOW_S = 120.0
+
+FLUSH_MS = 1000
+"""Longest an item waits in `submit_many`'s chunk for more items (checked as items
+arrive: an iterable that blocks holds its chunk until it yields or ends)."""
+
+URGENT_FLUSH_MS = 50
+"""The same for a chunk holding a task due within the hand-off window: such a task may
+be due before a full chunk would be written."""
 
 _PRIORITIES: dict[object, Priority] = {**{p: p for p in Priority}, **{p.value: p for p in Priority}}
 
@@ -96,9 +108,12 @@ class SubmitReport:
     """The outcome of `submit_many`, item by item.
 
     Every item read from the iterable is in exactly one of three places: stored (its id
-    in `ids`, when ids are kept), `rejected` (invalid, never sent) or `failed` (sent,
-    not acknowledged: it may or may not be stored; submitting the same id again is safe).
-    Items after `consumed` were not read, which happens only when the call stopped early.
+    in `ids`, when ids are kept), `rejected` (invalid, never sent) or `failed`: not
+    acknowledged (it may or may not be stored) or, if due soon, stored but not handed to
+    the dispatcher. Each failure names the task id it was given: writing that id again
+    is safe, and so is submitting the item again if it has an idempotency key; an item
+    without a key submitted again gets a new id, and may then exist twice. Items after
+    `consumed` were not read, which happens only when the call stopped early.
     """
 
     consumed: int = 0
@@ -107,7 +122,6 @@ class SubmitReport:
     rejected: list[ItemError] = field(default_factory=list)
     failed: list[ItemError] = field(default_factory=list)
     stopped_early: bool = False
-    handoff_failures: int = 0
 
     @property
     def complete(self) -> bool:
@@ -116,6 +130,19 @@ class SubmitReport:
 
 
 Progress = Callable[[SubmitReport], None]
+
+
+_MAX_DELAY_S = 1e11  # about 3,000 years: more is a mistake, and inf or nan is no time
+
+
+def _check_text(what: str, text: str) -> None:
+    """Strings are stored as UTF-8: a lone surrogate (which json.loads can produce from
+    `"\\udc80"`) cannot be, so it is refused here rather than failing the write."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise InvalidTask(f"the {what} {text!r} is not valid Unicode text (a lone surrogate)") from None
 
 
 def _priority(value: object) -> Priority:
@@ -148,7 +175,7 @@ class Client:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
         if not isinstance(default_max_attempts, int) or not 1 <= default_max_attempts <= MAX_ATTEMPTS_LIMIT:
-            raise ValueError(f"default_max_attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {default_max_attempts!r}")
+            raise ConfigError(f"max attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {default_max_attempts!r}")
         self.store = store
         self.tenant = tenant
         self.handoff = handoff
@@ -181,6 +208,8 @@ class Client:
             raise InvalidTask("a task needs a tenant: pass tenant=..., or give the Client a default tenant")
         if not isinstance(type, str) or not type:
             raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        _check_text("tenant", tenant)
+        _check_text("type", type)
         now = self._now_ms() if now_ms is None else now_ms
         if run_at is not None and delay is not None:
             raise InvalidTask("pass run_at or delay, not both")
@@ -203,8 +232,8 @@ class Client:
                 run_at_ms = max(run_at_ms, now)
         elif delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
-                raise InvalidTask(f"delay must be a timedelta or a number of seconds, not negative; got {delay!r}")
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < _MAX_DELAY_S:
+                raise InvalidTask(f"delay must be a timedelta or a finite number of seconds, not negative; got {delay!r}")
             run_at_ms = check_run_at_ms(now + int(seconds * 1000))
         else:
             run_at_ms = now
@@ -216,6 +245,7 @@ class Client:
         if idempotency_key is None:
             task_id = TaskId.new(run_at_ms)
         elif isinstance(idempotency_key, str) and idempotency_key:
+            _check_text("idempotency key", idempotency_key)
             task_id = TaskId.for_key(run_at_ms, tenant, idempotency_key)
         else:
             raise InvalidTask("an idempotency key, when given, must be a non-empty string")
@@ -242,7 +272,8 @@ class Client:
 
         Raises `InvalidTask` (nothing written) for bad arguments and `StoreError` when
         the write was not acknowledged; the task may then exist or not, and retrying
-        with an idempotency key is safe.
+        with an idempotency key is safe. `HandoffFailed` means the task is stored but,
+        due within the hand-off window, could not be handed to the dispatcher.
         """
         task = self.task(
             type, payload, tenant=tenant, run_at=run_at, delay=delay, priority=priority,
@@ -251,7 +282,10 @@ class Client:
         failures = self.store.insert([task])
         if failures:
             raise StoreError(f"task {task.id} was not acknowledged by the store: {failures[0].reason}")
-        self._hand_off([task])
+        try:
+            self._hand_off([task])
+        except HandoffFailed as error:
+            raise HandoffFailed(f"task {task.id} is {error}") from error.__cause__
         return task.id
 
     def submit_many(
@@ -262,7 +296,8 @@ class Client:
         progress: Progress | None = None,
         keep_ids: bool = True,
     ) -> SubmitReport:
-        """Store many tasks, streaming: at most `chunk_size` are held at once.
+        """Store many tasks, streaming: at most `chunk_size` are held at once, and none for
+        longer than `FLUSH_MS` (`URGENT_FLUSH_MS` when a held task is due soon).
 
         An invalid item is reported in `rejected` and skipped (`on_invalid="skip"`), or
         ends the reading there (`"stop"`) after the items before it are written. A write
@@ -277,6 +312,9 @@ class Client:
             raise ValueError(f"on_invalid must be 'skip' or 'stop', got {on_invalid!r}")
         report = SubmitReport(ids=[] if keep_ids else None)
         chunk: list[tuple[int, Task]] = []
+        oldest = 0  # when the chunk's first item was read (ms; the injectable clock)
+        urgent = False  # the chunk holds a task due within the hand-off window
+        horizon = self._now_ms() + self.handoff_window_ms
         for index, item in enumerate(items):
             report.consumed = index + 1
             try:
@@ -289,14 +327,18 @@ class Client:
                     report.stopped_early = True
                     break
                 continue
+            now = self._now_ms()
+            if not chunk:
+                oldest, horizon = now, now + self.handoff_window_ms
             chunk.append((index, task))
+            urgent = urgent or task.run_at_ms <= horizon
             if report.ids is not None:
                 report.ids.append(task.id)
-            if len(chunk) >= self.chunk_size:
+            if len(chunk) >= self.chunk_size or now - oldest >= (URGENT_FLUSH_MS if urgent else FLUSH_MS):
                 if not self._write_chunk(chunk, report, progress):
                     report.stopped_early = True
                     return report
-                chunk = []
+                chunk, urgent = [], False
         if chunk:
             self._write_chunk(chunk, report, progress)
         elif progress is not None:
@@ -322,64 +364,87 @@ class Client:
         return self.task(**item)
 
     def _write_chunk(self, chunk: Sequence[tuple[int, Task]], report: SubmitReport, progress: Progress | None) -> bool:
+        """Write one chunk and account for each of its items; False when any failed."""
         tasks = [task for _, task in chunk]
         try:
             failures = self.store.insert(tasks)
         except StoreError as error:  # the report must survive: it says what was stored before
             failures = [InsertFailure(tasks, str(error))]
-        failed_ids: set[TaskId] = set()
-        if failures:
-            index_of = {task.id: index for index, task in chunk}
-            for failure in failures:
-                for task in failure.tasks:
-                    failed_ids.add(task.id)
-                    report.failed.append(ItemError(index_of[task.id], failure.reason, task.id))
-            report.failed.sort(key=lambda error: error.index)
+        failed_ids = {task.id: failure.reason for failure in failures for task in failure.tasks}
+        written = [task for task in tasks if task.id not in failed_ids]
+        try:
+            self._hand_off(written)
+        except HandoffFailed as error:
+            failed_ids.update((task.id, str(error)) for task in written if self._due_soon(task))
+        for index, task in chunk:  # an id may stand for several items (a key given twice)
+            reason = failed_ids.get(task.id)
+            if reason is None:
+                report.stored += 1
+                continue
+            report.failed.append(ItemError(index, reason, task.id))
             if report.ids is not None:
-                for index, task in chunk:
-                    if task.id in failed_ids:
-                        report.ids[index] = None
-        report.stored += len(tasks) - len(failed_ids)
-        report.handoff_failures += self._hand_off([task for task in tasks if task.id not in failed_ids])
+                report.ids[index] = None
+        report.failed.sort(key=lambda error: error.index)
         if progress is not None:
             progress(report)
-        return not failures
+        return not failed_ids
 
-    def _hand_off(self, tasks: Sequence[Task]) -> int:
-        """Give the hand-off the tasks due within the window; the number it failed to take."""
+    def _due_soon(self, task: Task, now_ms: int | None = None) -> bool:
+        now = self._now_ms() if now_ms is None else now_ms
+        return task.run_at_ms <= now + self.handoff_window_ms
+
+    def _hand_off(self, tasks: Sequence[Task]) -> None:
+        """Give the hand-off the tasks due within the window; `HandoffFailed` if it fails."""
         if self.handoff is None or not tasks:
-            return 0
-        horizon = self._now_ms() + self.handoff_window_ms
-        due_soon = [task for task in tasks if task.run_at_ms <= horizon]
+            return
+        now = self._now_ms()
+        due_soon = [task for task in tasks if self._due_soon(task, now)]
         if not due_soon:
-            return 0
+            return
         try:
             self.handoff.submitted(due_soon)
-        except Exception:
-            log.warning("hand-off of %d tasks failed; the dispatcher will read them from the store",
-                        len(due_soon), exc_info=True, extra={"action": "handoff_failed"})
-            return len(due_soon)
-        return 0
+        except Exception as exc:
+            log.warning("hand-off of %d tasks failed", len(due_soon), exc_info=True,
+                        extra={"action": "handoff_failed"})
+            raise HandoffFailed(
+                f"stored, but the hand-off to the dispatcher failed ({type(exc).__name__}: {exc}), so a task due "
+                "this soon may not fire; submit it again with the same idempotency key, or cancel it"
+            ) from exc
 
     # Reading and cancelling.
 
-    def get(self, task_id: TaskId | str) -> StoredTask | None:
-        """The stored task and its status, or None if no task has this id."""
-        return self.store.get(TaskId.parse(task_id) if isinstance(task_id, str) else task_id)
+    def get(self, task_id: TaskId | str, tenant: str | None = None) -> StoredTask | None:
+        """The stored task and its status, or None if there is none. With a tenant (given
+        here or the client's default) a task of another tenant reads as None too."""
+        stored = self.store.get(TaskId.parse(task_id) if isinstance(task_id, str) else task_id)
+        tenant = tenant if tenant is not None else self.tenant
+        if stored is None or (tenant is not None and stored.task.tenant != tenant):
+            return None
+        return stored
 
     def cancel(self, task_id: TaskId | str, tenant: str | None = None) -> CancelOutcome:
         """Cancel a task that has not finished. Only the task's tenant can: for another
-        tenant the answer is `NOT_FOUND` and nothing changes."""
+        tenant the answer is `NOT_FOUND` and nothing changes. A running attempt is not
+        interrupted; no further attempt starts.
+
+        A cancel of a task due within the hand-off window is also handed to the
+        dispatcher, which may already hold the task; if that fails, `HandoffFailed` is
+        raised and calling `cancel` again hands it off again.
+        """
         tenant = tenant if tenant is not None else self.tenant
         if not isinstance(tenant, str) or not tenant:
             raise InvalidTask("cancel needs the tenant that owns the task")
         task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
         outcome = self.store.cancel(task_id, tenant)
-        if outcome is CancelOutcome.CANCELLED and self.handoff is not None:
-            if task_id.run_at_ms <= self._now_ms() + self.handoff_window_ms:
-                try:
-                    self.handoff.cancelled(task_id)
-                except Exception:
-                    log.warning("hand-off of the cancel of %s failed", task_id, exc_info=True,
-                                extra={"action": "handoff_failed"})
+        handed = outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
+        if handed and self.handoff is not None and task_id.run_at_ms <= self._now_ms() + self.handoff_window_ms:
+            try:
+                self.handoff.cancelled(task_id)
+            except Exception as exc:
+                log.warning("hand-off of the cancel of %s failed", task_id, exc_info=True,
+                            extra={"action": "handoff_failed"})
+                raise HandoffFailed(
+                    f"task {task_id} is cancelled in the store, but the hand-off to the dispatcher failed "
+                    f"({type(exc).__name__}: {exc}); cancel it again"
+                ) from exc
         return outcome

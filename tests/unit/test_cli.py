@@ -124,12 +124,13 @@ def test_submit_file_reports_every_line_not_stored(tmp_path: Path) -> None:
         {"type": "sms", "tenant": "board", "run_at": "2030-01-01T10:00:00Z", "idempotency_key": "a"},
     ]
     path = tmp_path / "tasks.jsonl"
-    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    text = "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines)
+    path.write_text(text.replace("\n", "\n\n", 1) + "\n\n")  # blank lines are not tasks
     result = run_cli("submit", "--file", str(path), "--tenant", "college", env=embedded_env(tmp_path))
     assert result.returncode == Exit.FAILURE
-    assert "2 stored, 2 invalid, 0 not acknowledged" in result.stdout
-    assert "line 2: not stored, invalid: not JSON" in result.stderr
-    assert "line 3: not stored, invalid: run_at 2030-01-01T10:00:00 has no time zone" in result.stderr
+    assert "2 stored, 2 invalid, 0 not stored for certain" in result.stdout
+    assert "line 3: not stored, invalid: not JSON" in result.stderr
+    assert "line 4: not stored, invalid: run_at 2030-01-01T10:00:00 has no time zone" in result.stderr
 
 
 def test_get_of_an_unknown_id_is_a_failure_and_of_garbage_a_usage_error(tmp_path: Path) -> None:
@@ -161,3 +162,20 @@ def test_an_impossible_delay_is_a_usage_error(tmp_path: Path, delay: str) -> Non
     assert result.returncode == Exit.USAGE
     assert "delay" in result.stderr
     assert not (tmp_path / "tasks.db").exists()
+
+
+def test_get_with_a_tenant_shows_only_that_tenants_task(tmp_path: Path) -> None:
+    env = embedded_env(tmp_path)
+    task_id = run_cli("submit", "sms", "--tenant", "college", env=env).stdout.strip()
+    assert run_cli("get", task_id, "--tenant", "college", env=env).returncode == Exit.OK
+    other = run_cli("get", task_id, "--tenant", "board", env=env)
+    assert other.returncode == Exit.FAILURE
+    assert "no task with id" in other.stderr
+
+
+def test_a_bad_default_max_attempts_for_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"type": "sms"}) + "\n")
+    result = run_cli("submit", "--file", str(path), "--tenant", "t", "--max-attempts", "0", env=embedded_env(tmp_path))
+    assert result.returncode == Exit.USAGE
+    assert "max attempts must be from 1 to 100" in result.stderr

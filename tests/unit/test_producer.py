@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
-from scheduler.errors import InvalidPayload, InvalidTask, StoreError
+from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, StoreError
 from scheduler.model import MAX_PAYLOAD_BYTES, Partition, Priority, Task, TaskId, decode_payload, from_ms
 from scheduler.ports import CancelOutcome, InsertFailure, TaskStatus
-from scheduler.producer import Client, Submission, SubmitReport
+from scheduler.producer import FLUSH_MS, URGENT_FLUSH_MS, Client, Submission, SubmitReport
 from tests.tasks import NINE_OCLOCK_MS
 
 NOW_MS = NINE_OCLOCK_MS - 30 * 60_000  # 08:30
@@ -220,6 +221,8 @@ class RecordingHandoff:
         self.submitted_ids.extend(task.id for task in tasks)
 
     def cancelled(self, task_id: TaskId) -> None:
+        if self.fail:
+            raise ConnectionError("hand-off topic unreachable")
         self.cancelled_ids.append(task_id)
 
 
@@ -238,12 +241,74 @@ def test_only_tasks_due_within_the_window_are_handed_off_after_they_are_stored(s
     assert handoff.cancelled_ids == [soon]
 
 
-def test_a_failed_hand_off_does_not_fail_the_submit(store: SqliteTaskStore) -> None:
+def test_a_failed_hand_off_of_a_task_due_soon_fails_the_submit(store: SqliteTaskStore) -> None:
     client = Client(store, tenant="board", handoff=RecordingHandoff(fail=True), now_ms=lambda: NOW_MS)
-    task_id = client.submit("sms")
-    assert client.get(task_id) is not None
-    report = client.submit_many([Submission(type="sms")])
-    assert (report.stored, report.handoff_failures) == (1, 1)
+    with pytest.raises(HandoffFailed, match="is stored, but the hand-off to the dispatcher failed"):
+        client.submit("sms")
+    assert client.submit("sms", delay=3600)  # not due soon: no hand-off to fail
+
+    report = client.submit_many([Submission(type="sms", delay=3600), Submission(type="sms", delay=1)])
+    assert report.stored == 1
+    assert [error.index for error in report.failed] == [1]
+    assert "hand-off to the dispatcher failed" in report.failed[0].reason
+    assert report.ids is not None and report.ids[1] is None and report.ids[0] is not None
+
+
+def test_a_failed_hand_off_of_a_cancel_raises_and_cancelling_again_hands_it_off_again(
+    store: SqliteTaskStore
+) -> None:
+    handoff = RecordingHandoff()
+    client = Client(store, tenant="board", handoff=handoff, now_ms=lambda: NOW_MS)
+    task_id = client.submit("sms", delay=30)
+    handoff.fail = True
+    with pytest.raises(HandoffFailed, match="cancelled in the store"):
+        client.cancel(task_id)
+    handoff.fail = False
+    assert client.cancel(task_id) is CancelOutcome.ALREADY_CANCELLED
+    assert handoff.cancelled_ids == [task_id]
+
+
+def test_a_slow_stream_is_written_without_waiting_for_a_full_chunk(store: SqliteTaskStore) -> None:
+    """A producer feeding items slowly: the first item that arrives FLUSH_MS (or
+    URGENT_FLUSH_MS when due soon) after the chunk began has the chunk written, rather
+    than everything being held until 50,000 items have come."""
+    clock = [NOW_MS]
+    client = Client(store, tenant="board", now_ms=lambda: clock[0])
+    seen_by_store: list[int] = []
+
+    def slow_items() -> Iterator[Submission]:
+        for n in range(4):
+            seen_by_store.append(store.count())
+            yield Submission(type="sms", delay=5 if n >= 2 else 3600)
+            clock[0] += FLUSH_MS if n < 2 else URGENT_FLUSH_MS
+
+    report = client.submit_many(slow_items())
+    assert report.complete and report.stored == 4
+    # item 1 came 1 s after item 0: both written; item 3 came 50 ms after item 2, due soon
+    assert seen_by_store == [0, 0, 2, 2]
+
+
+def test_surrogates_and_impossible_delays_are_rejected_not_raised(client: Client) -> None:
+    lone = json.loads('"\\udc80"')
+    items: list[Any] = [
+        {"type": lone}, {"type": "sms", "tenant": lone}, {"type": "sms", "payload": lone},
+        {"type": "sms", "run_at": from_ms(NINE_OCLOCK_MS), "idempotency_key": lone},
+        {"type": "sms", "delay": float("inf")}, {"type": "sms", "delay": float("nan")}, {"type": "sms", "delay": 1e300},
+        {"type": "sms"},
+    ]
+    report = client.submit_many(items)
+    assert [error.index for error in report.rejected] == list(range(7))
+    assert report.stored == 1
+
+
+def test_a_key_given_twice_in_a_failing_chunk_is_accounted_per_item(store: SqliteTaskStore) -> None:
+    flaky = FailingSecondInsert(store)
+    client = Client(flaky, tenant="shop", now_ms=lambda: NOW_MS, chunk_size=3)
+    same = {"type": "cancel_hold", "run_at": from_ms(NINE_OCLOCK_MS), "idempotency_key": "order-1"}
+    report = client.submit_many([{"type": "sms"}, {"type": "sms"}, {"type": "sms"}, same, same, {"type": "sms"}])
+    assert report.stored == 3
+    assert [error.index for error in report.failed] == [3, 4, 5]
+    assert report.failed[0].task_id == report.failed[1].task_id
 
 
 def test_a_tenant_cannot_cancel_another_tenants_task(client: Client) -> None:
