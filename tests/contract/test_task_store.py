@@ -39,7 +39,7 @@ def test_a_partition_reads_in_run_at_order_across_pages(store: TaskStore) -> Non
 
 def test_a_range_read_is_after_exclusive_through_inclusive(store: TaskStore) -> None:
     tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, 3, 12)
-    store.insert(tasks)
+    assert store.insert(tasks) == []
     times = sorted(task.run_at_ms for task in tasks)
     after, through = times[2], times[8]
 
