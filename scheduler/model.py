@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import secrets
+import os
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -104,6 +105,34 @@ _PRIORITY_CODES = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 _PRIORITIES_BY_CODE = {code: priority for priority, code in _PRIORITY_CODES.items()}
 
 
+class _Entropy(threading.local):
+    """OS randomness for new ids, read 4 KiB at a time (one `getrandom` call per 409
+    ids instead of one per id, on the submit path of every task). Per thread, and
+    replaced in a forked child, which must never reuse bytes its parent also uses."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.offset = 0
+
+    def bits74(self) -> int:
+        offset = self.offset
+        if offset + 10 > len(self.buffer):
+            self.buffer, offset = os.urandom(4090), 0
+        self.offset = offset + 10
+        return int.from_bytes(self.buffer[offset:offset + 10]) >> 6
+
+
+_entropy = _Entropy()
+
+
+def _new_entropy_after_fork() -> None:
+    global _entropy
+    _entropy = _Entropy()
+
+
+os.register_at_fork(after_in_child=_new_entropy_after_fork)
+
+
 def check_shard_count(shard_count: int) -> int:
     if not isinstance(shard_count, int) or not 1 <= shard_count <= MAX_SHARD_COUNT:
         raise ConfigError(f"shard count must be an integer from 1 to {MAX_SHARD_COUNT}, got {shard_count!r}")
@@ -155,7 +184,7 @@ class TaskId:
     @classmethod
     def new(cls, run_at_ms: int) -> TaskId:
         """A fresh id for a task due at `run_at_ms`, with 74 bits from the OS's CSPRNG."""
-        return cls._compose(run_at_ms, secrets.randbits(_RAND_A_BITS + _RAND_B_BITS))
+        return cls._compose(run_at_ms, _entropy.bits74())
 
     @classmethod
     def for_key(cls, run_at_ms: int, tenant: str, idempotency_key: str) -> TaskId:
@@ -230,8 +259,11 @@ class Partition:
 
 def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes:
     """msgpack bytes of `payload`, or `InvalidPayload` saying why it cannot be a payload."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
     try:
-        data: bytes = msgpack.packb(payload, use_bin_type=True)
+        data: bytes = packer.pack(payload)  # on failure the packer resets its buffer
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidPayload(
             f"payload cannot be encoded as msgpack ({exc}); use dicts, lists, str, bytes, int, float, bool and None"
@@ -242,6 +274,10 @@ def encode_payload(payload: Any, *, max_bytes: int = MAX_PAYLOAD_BYTES) -> bytes
             "store large data elsewhere and pass a reference"
         )
     return data
+
+
+_packers = threading.local()
+"""One msgpack Packer per thread: `packb` makes a new one per call, a third of its cost."""
 
 
 def decode_payload(data: bytes) -> Any:

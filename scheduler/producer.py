@@ -376,15 +376,18 @@ class Client:
             self._hand_off(written)
         except HandoffFailed as error:
             failed_ids.update((task.id, str(error)) for task in written if self._due_soon(task))
-        for index, task in chunk:  # an id may stand for several items (a key given twice)
-            reason = failed_ids.get(task.id)
-            if reason is None:
-                report.stored += 1
-                continue
-            report.failed.append(ItemError(index, reason, task.id))
-            if report.ids is not None:
-                report.ids[index] = None
-        report.failed.sort(key=lambda error: error.index)
+        if not failed_ids:  # the common case, without a look-up per item
+            report.stored += len(chunk)
+        else:
+            for index, task in chunk:  # an id may stand for several items (a key given twice)
+                reason = failed_ids.get(task.id)
+                if reason is None:
+                    report.stored += 1
+                    continue
+                report.failed.append(ItemError(index, reason, task.id))
+                if report.ids is not None:
+                    report.ids[index] = None
+            report.failed.sort(key=lambda error: error.index)
         if progress is not None:
             progress(report)
         return not failed_ids

@@ -304,3 +304,29 @@ def test_retry_keeps_the_id_and_moves_the_time() -> None:
     )
     assert retry.run_at - first.run_at == timedelta(seconds=2)
     assert retry.id.run_at_ms == first.run_at_ms
+
+
+def test_ids_made_after_a_fork_differ_from_the_parents() -> None:
+    """New ids draw on a per-process buffer of OS randomness; a forked child must get a
+    buffer of its own, or parent and child would mint the same ids."""
+    script = (
+        "import os, sys\n"
+        "from scheduler.model import TaskId\n"
+        "TaskId.new(0)\n"  # the parent's buffer is filled before the fork
+        "read, write = os.pipe()\n"
+        "if os.fork() == 0:\n"
+        "    os.write(write, str(TaskId.new(0)).encode()); os._exit(0)\n"
+        "os.wait()\n"
+        "child = os.read(read, 100).decode()\n"
+        "print(child, TaskId.new(0))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    child, parent = result.stdout.split()
+    assert child != parent
+
+
+def test_a_payload_that_fails_to_encode_leaves_the_next_one_whole() -> None:
+    with pytest.raises(InvalidPayload):
+        encode_payload({"a": [1, 2, {3}]})
+    assert decode_payload(encode_payload({"b": "ok"})) == {"b": "ok"}
