@@ -31,6 +31,7 @@ encoded, and the queue message embeds those bytes unchanged.
 
 from __future__ import annotations
 
+import collections
 import enum
 import hashlib
 import os
@@ -105,32 +106,32 @@ _PRIORITY_CODES = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 _PRIORITIES_BY_CODE = {code: priority for priority, code in _PRIORITY_CODES.items()}
 
 
-class _Entropy(threading.local):
-    """OS randomness for new ids, read 4 KiB at a time (one `getrandom` call per 409
-    ids instead of one per id, on the submit path of every task). Per thread, and
-    replaced in a forked child, which must never reuse bytes its parent also uses."""
+class _Entropy:
+    """74-bit random numbers for new ids, cut from 4 KiB reads of OS randomness: one
+    `getrandom` call per 409 ids instead of one per id, on the submit path of every task.
+
+    Threads share one queue; `deque.popleft` is atomic, so no two threads ever take the
+    same number. A forked child empties the queue, so it never mints from bytes its
+    parent also holds.
+    """
 
     def __init__(self) -> None:
-        self.buffer = b""
-        self.offset = 0
+        self._ready: collections.deque[int] = collections.deque()
 
     def bits74(self) -> int:
-        offset = self.offset
-        if offset + 10 > len(self.buffer):
-            self.buffer, offset = os.urandom(4090), 0
-        self.offset = offset + 10
-        return int.from_bytes(self.buffer[offset:offset + 10]) >> 6
+        while True:
+            try:
+                return self._ready.popleft()
+            except IndexError:
+                data = os.urandom(4090)
+                self._ready.extend(int.from_bytes(data[i:i + 10]) >> 6 for i in range(0, 4090, 10))
+
+    def forget(self) -> None:
+        self._ready.clear()
 
 
 _entropy = _Entropy()
-
-
-def _new_entropy_after_fork() -> None:
-    global _entropy
-    _entropy = _Entropy()
-
-
-os.register_at_fork(after_in_child=_new_entropy_after_fork)
+os.register_at_fork(after_in_child=_entropy.forget)
 
 
 def check_shard_count(shard_count: int) -> int:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -330,3 +331,19 @@ def test_a_payload_that_fails_to_encode_leaves_the_next_one_whole() -> None:
     with pytest.raises(InvalidPayload):
         encode_payload({"a": [1, 2, {3}]})
     assert decode_payload(encode_payload({"b": "ok"})) == {"b": "ok"}
+
+
+def test_ids_made_by_many_threads_at_once_are_all_distinct() -> None:
+    made: list[list[TaskId]] = [[] for _ in range(4)]
+
+    def make(into: list[TaskId]) -> None:
+        into.extend(TaskId.new(0) for _ in range(20_000))
+
+    threads = [threading.Thread(target=make, args=(into,)) for into in made]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    every = [task_id for into in made for task_id in into]
+    assert len(every) == 80_000
+    assert len(set(every)) == 80_000
