@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -29,6 +30,32 @@ def wait_until(condition: Callable[[], T], *, timeout_s: float, interval_s: floa
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def all_at_once(calls: Sequence[Callable[[], T]], *, timeout_s: float = 60) -> list[T]:
+    """Run each of `calls` on a thread of its own, released together by a barrier, and
+    return their results in order; re-raise the first failure, fail on a hang."""
+    start = threading.Barrier(len(calls))
+    results: list[T | None] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(index: int, call: Callable[[], T]) -> None:
+        try:
+            start.wait(timeout=timeout_s)
+            results[index] = call()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=pair) for pair in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    if any(thread.is_alive() for thread in threads):
+        raise AssertionError(f"calls still running after {timeout_s} s")
+    if errors:
+        raise errors[0]
+    return results  # type: ignore[return-value]
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout_s: float = 90) -> subprocess.CompletedProcess[str]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
+from functools import partial
 
 import pytest
 
 from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
+from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
 
@@ -60,17 +61,8 @@ def test_many_tasks_over_many_partitions_are_all_stored(store: TaskStore) -> Non
 
 def test_inserts_from_several_threads_at_once_all_land(store: TaskStore) -> None:
     batches = [[make_task(NINE_OCLOCK_MS + n, tenant=f"t{thread}") for n in range(200)] for thread in range(4)]
-    failures: list[object] = []
-
-    def insert(batch: list) -> None:  # type: ignore[type-arg]
-        failures.extend(store.insert(batch))
-
-    threads = [threading.Thread(target=insert, args=(batch,)) for batch in batches]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert failures == []
+    failures = all_at_once([partial(store.insert, batch) for batch in batches])
+    assert failures == [[], [], [], []]
     for batch in batches:
         assert all(store.get(task.id) is not None for task in batch)
 
@@ -204,40 +196,20 @@ def test_racing_first_fenced_writes_leave_the_newest_token_in_charge(store: Task
     for shard in range(20, 25):
         partition = Partition(NINE_OCLOCK_MS, shard)
         tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, shard, len(tokens))
-        start = threading.Barrier(len(tokens))
-        answers: dict[int, bool] = {}
-
-        def write(token: int, partition: Partition = partition, start: threading.Barrier = start,
-                  answers: dict[int, bool] = answers, tasks: list = tasks) -> None:  # type: ignore[type-arg]
-            start.wait(timeout=30)
-            answers[token] = store.write_fenced(partition, token, [tasks[token - 1]])
-
-        threads = [threading.Thread(target=write, args=(token,)) for token in tokens]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        applied = all_at_once([partial(store.write_fenced, partition, token, [task])
+                               for token, task in zip(tokens, tasks, strict=True)])
+        answers = dict(zip(tokens, applied, strict=True))
         assert answers[max(tokens)] is True
         assert store.partition_fence(partition) == max(tokens)
         written = {stored.task.id for stored in store.read_partition(partition)}
-        assert written == {tasks[token - 1].id for token, applied in answers.items() if applied}
+        assert written == {task.id for task, applied_here in zip(tasks, applied, strict=True) if applied_here}
 
 
 def test_racing_first_advances_keep_the_furthest_cursor(store: TaskStore) -> None:
     store.take_shard(30, "a", 7)
     targets = [NINE_OCLOCK_MS + n * 1000 for n in range(1, 7)]
-    start = threading.Barrier(len(targets))
-    answers: dict[int, bool] = {}
-
-    def advance(target: int) -> None:
-        start.wait(timeout=30)
-        answers[target] = store.advance_shard(30, 7, target)
-
-    threads = [threading.Thread(target=advance, args=(target,)) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    answers = dict(zip(targets, all_at_once([partial(store.advance_shard, 30, 7, target) for target in targets]),
+                       strict=True))
     assert answers[max(targets)] is True
     assert store.read_shard(30).fired_through_ms == max(targets)
 
