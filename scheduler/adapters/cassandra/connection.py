@@ -21,9 +21,10 @@ from scheduler.settings import CassandraSettings
 
 REQUEST_TIMEOUT_S = 30.0
 
-DRIVER_ERRORS: tuple[type[Exception], ...] = (DriverException, ErrorMessage)
-"""What a request can raise: the driver's own failures (timeouts, no host) and the
-server's refusals (syntax, invalid request, configuration), which are not DriverExceptions."""
+DRIVER_ERRORS: tuple[type[Exception], ...] = (DriverException, NoHostAvailable, ErrorMessage)
+"""What a request can raise: the driver's own failures (timeouts), no node reachable
+(`NoHostAvailable`, which is not a DriverException) and the server's refusals (syntax,
+invalid request, configuration), which are not DriverExceptions either."""
 
 
 @dataclass
