@@ -153,11 +153,11 @@ class Cassandra(Server):
             f"-Dcassandra.config={config.as_uri()}",
             f"-Dcassandra.storagedir={self.data}",
             f"-Dlogback.configurationFile={logback}",
-            # A lone test node: no gossip to settle, no ring to wait for, and the
-            # system keyspace is not fsynced.
+            # A lone test node: no gossip to settle, no ring to wait for. (Not
+            # unsafesystem: schema writes must reach the commit log, or a server
+            # killed with SIGKILL forgets the keyspaces it had acknowledged.)
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.ring_delay_ms=0",
-            "-Dcassandra.unsafesystem=true",
             "-cp", self.classpath, self.main_class,
         ]
 
