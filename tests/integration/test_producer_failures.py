@@ -1,5 +1,6 @@
 """Failure paths of the submit path on real stores: a producer killed with SIGKILL loses
-no acknowledged task, and a store that refuses writes is reported item by item."""
+no acknowledged task, nor does a Cassandra server killed mid-stream, and a store that
+refuses writes is reported item by item."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
 from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.model import TaskId
 from scheduler.ports import TaskStore
-from scheduler.producer import Client, Submission
+from scheduler.producer import Client, Submission, SubmitReport
 from scheduler.settings import CassandraSettings
+from tests.cluster import CLUSTER_COMMAND, Cluster, local_status
+from tests.support import wait_until
 
 PRODUCER = """
 import sys
@@ -98,3 +101,50 @@ def test_writes_the_server_refuses_are_reported_and_the_stream_stops(
         assert "tasks_by_bucket" in report.failed[0].reason, report.failed[0].reason
     finally:
         store.close()
+
+
+@pytest.mark.local_cluster
+def test_cassandra_killed_mid_stream_loses_no_acknowledged_task(
+    keyspace: CassandraSettings, cassandra: CassandraConnection, cluster: Cluster
+) -> None:
+    """SIGKILL of the Cassandra server while `submit_many` streams: the call ends with
+    every item accounted for, and after a restart every task it called stored is there."""
+    assert cluster.local, "tests marked local_cluster are deselected when SCHEDULER_* names a cluster"
+    store = CassandraTaskStore.open(keyspace, batch_rows=100)
+    killed: list[int] = []
+
+    def kill_once_some_are_stored(report: SubmitReport) -> None:
+        if report.stored >= 2000 and not killed:
+            killed.append(local_status()["cassandra"]["pid"])
+            os.kill(killed[0], signal.SIGKILL)
+            wait_until(lambda: local_status()["cassandra"]["state"] == "down", timeout_s=30, what="cassandra down")
+
+    try:
+        client = Client(store, tenant="board", chunk_size=500)
+        report = client.submit_many((Submission(type="sms", delay=3600) for _ in range(20_000)),
+                                    progress=kill_once_some_are_stored)
+    finally:
+        restarted = subprocess.run([*CLUSTER_COMMAND, "start"], capture_output=True, text=True, timeout=300)
+        store.close()
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert killed
+    assert report.stopped_early and report.failed
+    assert report.stored + len(report.failed) + len(report.rejected) == report.consumed
+    wait_until(lambda: _answers(cassandra), timeout_s=90, what="the test session's connection to reconnect")
+
+    reopened = CassandraTaskStore.open(keyspace)
+    try:
+        assert report.ids is not None
+        stored = [task_id for task_id in report.ids if task_id is not None]
+        assert len(stored) == report.stored >= 2000
+        assert [task_id for task_id in stored if reopened.get(task_id) is None] == []
+    finally:
+        reopened.close()
+
+
+def _answers(connection: CassandraConnection) -> bool:
+    try:
+        connection.session.execute("SELECT release_version FROM system.local")
+    except DRIVER_ERRORS:
+        return False
+    return True
