@@ -37,6 +37,7 @@ import hashlib
 import os
 import threading
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -362,6 +363,13 @@ class Task:
 
     def partition(self, shard_count: int = DEFAULT_SHARD_COUNT) -> Partition:
         return Partition(self.minute_bucket, self.id.shard(shard_count))
+
+
+def check_in_partition(tasks: Iterable[Task], partition: Partition, shard_count: int) -> None:
+    """`ValueError` unless every task belongs to `partition` (fenced writes are per partition)."""
+    for task in tasks:
+        if task.partition(shard_count) != partition:
+            raise ValueError(f"task {task.id} belongs to {task.partition(shard_count)}, not {partition}")
 
 
 MESSAGE_VERSION = 1

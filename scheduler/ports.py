@@ -68,6 +68,11 @@ class StoredTask:
     status: TaskStatus
     status_attempt: int = 0
 
+    @property
+    def latest_attempt(self) -> int:
+        """The newest attempt the row knows of: stored, or reported on."""
+        return max(self.task.attempt, self.status_attempt)
+
 
 @dataclass(frozen=True, slots=True)
 class StatusReport:
@@ -86,6 +91,18 @@ class CancelOutcome(enum.Enum):
     NOT_FOUND = "not found"
     """Also the answer when the task belongs to another tenant: a tenant learns nothing
     about another tenant's tasks, not even that they exist."""
+
+
+def refusal_to_cancel(found: StoredTask | None, tenant: str) -> CancelOutcome | None:
+    """The answer to a cancel that must change nothing, or None if the task may be
+    cancelled: the rule both adapters apply to the home row they read."""
+    if found is None or found.task.tenant != tenant:
+        return CancelOutcome.NOT_FOUND
+    if found.status is TaskStatus.CANCELLED:
+        return CancelOutcome.ALREADY_CANCELLED
+    if found.status.finished:
+        return CancelOutcome.FINISHED
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,26 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statem
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
 from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
-from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, from_ms, minute_bucket, to_ms
-from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusReport, StoredTask, TaskStatus
+from scheduler.model import (
+    BUCKET_MS,
+    Partition,
+    Priority,
+    Task,
+    TaskId,
+    check_in_partition,
+    from_ms,
+    minute_bucket,
+    to_ms,
+)
+from scheduler.ports import (
+    CancelOutcome,
+    InsertFailure,
+    ShardState,
+    StatusReport,
+    StoredTask,
+    TaskStatus,
+    refusal_to_cancel,
+)
 from scheduler.settings import CassandraSettings
 
 DEFAULT_BATCH_ROWS = 250
@@ -140,7 +158,7 @@ class CassandraTaskStore:
         groups: dict[tuple[int, int], list[Task]] = defaultdict(list)
         shard_count = self._shard_count
         for task in tasks:
-            groups[(task.run_at_ms - task.run_at_ms % BUCKET_MS, task.id.shard(shard_count))].append(task)
+            groups[(minute_bucket(task.run_at_ms), task.id.shard(shard_count))].append(task)
         insert = self._q["insert_task"]
         step = self._batch_rows
 
@@ -232,14 +250,11 @@ class CassandraTaskStore:
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         found = self.get(task_id)
-        if found is None or found.task.tenant != tenant:
-            return CancelOutcome.NOT_FOUND
-        if found.status is TaskStatus.CANCELLED:
-            return CancelOutcome.ALREADY_CANCELLED
-        if found.status.finished:
-            return CancelOutcome.FINISHED
-        attempt = max(found.task.attempt, found.status_attempt)
-        self._execute(self._status_statement(StatusReport(task_id, attempt, TaskStatus.CANCELLED)))
+        refusal = refusal_to_cancel(found, tenant)
+        if refusal is not None:
+            return refusal
+        assert found is not None  # a missing task is refused above
+        self._execute(self._status_statement(StatusReport(task_id, found.latest_attempt, TaskStatus.CANCELLED)))
         # The read and the write are not one step: a `done` reported in between outranks
         # the cancel (see TaskStatus.rank). Read again to answer what the row now says.
         after = self.get(task_id)
@@ -301,11 +316,8 @@ class CassandraTaskStore:
         raise StoreError(f"advancing shard {shard} kept racing other writers; giving up")
 
     def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
-        for task in tasks:
-            if task.partition(self._shard_count) != partition:
-                raise ValueError(f"task {task.id} belongs to {task.partition(self._shard_count)}, not {partition}")
+        check_in_partition(tasks, partition, self._shard_count)
         bucket = from_ms(partition.minute_bucket)
-
         key = rows.partition_key(partition.minute_bucket, partition.shard)
 
         def attempt(condition: str, values: tuple[object, ...]) -> Any:

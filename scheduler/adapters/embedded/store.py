@@ -21,11 +21,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import mmh3
-
 from scheduler.errors import SchemaConflict, StoreError
-from scheduler.model import DEFAULT_SHARD_COUNT, Partition, Priority, Task, TaskId, check_shard_count
-from scheduler.ports import CancelOutcome, InsertFailure, ShardState, StatusReport, StoredTask, TaskStatus
+from scheduler.model import (
+    DEFAULT_SHARD_COUNT,
+    Partition,
+    Priority,
+    Task,
+    TaskId,
+    check_in_partition,
+    check_shard_count,
+    minute_bucket,
+)
+from scheduler.ports import (
+    CancelOutcome,
+    InsertFailure,
+    ShardState,
+    StatusReport,
+    StoredTask,
+    TaskStatus,
+    refusal_to_cancel,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -77,9 +92,12 @@ ON CONFLICT DO UPDATE SET tenant = excluded.tenant, type = excluded.type, priori
     idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key)
 """
 
-_STATUS_UPDATE = """
+_HOME_ROW = "minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?"
+"""The predicate that picks one row by its primary key (see `_locate`)."""
+
+_STATUS_UPDATE = f"""
 UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?
-WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?
+WHERE {_HOME_ROW}
   AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
 """
 
@@ -158,10 +176,8 @@ class SqliteTaskStore:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
     def _row_values(self, task: Task) -> tuple[object, ...]:
-        id_bytes = task.id.bytes
-        run_at = task.run_at_ms
         return (
-            run_at - run_at % 60_000, mmh3.hash(id_bytes, 0, signed=False) % self._shard_count, run_at, id_bytes,
+            minute_bucket(task.run_at_ms), task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes,
             task.tenant, task.type, task.priority.code, task.payload, task.attempt, task.max_attempts,
             task.idempotency_key,
         )
@@ -208,11 +224,11 @@ class SqliteTaskStore:
     def _locate(self, task_id: TaskId) -> tuple[int, int, int, bytes]:
         """The primary key of the task's home row."""
         run_at = task_id.run_at_ms
-        return (run_at - run_at % 60_000, task_id.shard(self._shard_count), run_at, task_id.bytes)
+        return (minute_bucket(run_at), task_id.shard(self._shard_count), run_at, task_id.bytes)
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         rows = self._read(
-            f"SELECT {_COLUMNS} FROM tasks WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?",
+            f"SELECT {_COLUMNS} FROM tasks WHERE {_HOME_ROW}",
             self._locate(task_id),
         )
         return _stored_task(rows[0]) if rows else None
@@ -220,19 +236,13 @@ class SqliteTaskStore:
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         key = self._locate(task_id)
         with self._transaction() as db:
-            found = db.execute(
-                "SELECT tenant, status, attempt, status_attempt FROM tasks "
-                "WHERE minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?",
-                key,
-            ).fetchone()
-            if found is None or found[0] != tenant:
-                return CancelOutcome.NOT_FOUND
-            status = TaskStatus(found[1]) if found[1] else TaskStatus.SCHEDULED
-            if status is TaskStatus.CANCELLED:
-                return CancelOutcome.ALREADY_CANCELLED
-            if status.finished:
-                return CancelOutcome.FINISHED
-            attempt = max(found[2], found[3] or 0)
+            row = db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE {_HOME_ROW}", key).fetchone()
+            found = None if row is None else _stored_task(row)
+            refusal = refusal_to_cancel(found, tenant)
+            if refusal is not None:
+                return refusal
+            assert found is not None  # a missing task is refused above
+            attempt = found.latest_attempt
             db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, *key,
                                         attempt, attempt, TaskStatus.CANCELLED.rank))
         return CancelOutcome.CANCELLED
@@ -273,9 +283,7 @@ class SqliteTaskStore:
             return cursor.rowcount == 1
 
     def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
-        for task in tasks:
-            if task.partition(self._shard_count) != partition:
-                raise ValueError(f"task {task.id} belongs to {task.partition(self._shard_count)}, not {partition}")
+        check_in_partition(tasks, partition, self._shard_count)
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO partition_fences VALUES (?, ?, ?) ON CONFLICT DO UPDATE SET fence = excluded.fence "
