@@ -135,6 +135,11 @@ _entropy = _Entropy()
 os.register_at_fork(after_in_child=_entropy.forget)
 
 
+def valid_max_attempts(max_attempts: object) -> bool:
+    """Whether `max_attempts` is an attempt count a task may have (1 to `MAX_ATTEMPTS_LIMIT`)."""
+    return isinstance(max_attempts, int) and 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+
+
 def check_shard_count(shard_count: int) -> int:
     if not isinstance(shard_count, int) or not 1 <= shard_count <= MAX_SHARD_COUNT:
         raise ConfigError(f"shard count must be an integer from 1 to {MAX_SHARD_COUNT}, got {shard_count!r}")
@@ -314,7 +319,7 @@ class Task:
         check_run_at_ms(self.run_at_ms)
         if not isinstance(self.priority, Priority):
             raise InvalidTask(f"priority must be a Priority, got {self.priority!r}")
-        if not isinstance(self.max_attempts, int) or not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        if not valid_max_attempts(self.max_attempts):
             raise InvalidTask(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {self.max_attempts!r}")
         if not isinstance(self.attempt, int) or not 1 <= self.attempt <= self.max_attempts:
             raise InvalidTask(f"attempt must be from 1 to max_attempts ({self.max_attempts}), got {self.attempt!r}")

@@ -57,6 +57,7 @@ from scheduler.model import (
     check_run_at_ms,
     encode_payload,
     to_ms,
+    valid_max_attempts,
 )
 from scheduler.ports import CancelOutcome, Handoff, InsertFailure, StoredTask, TaskStore
 
@@ -174,7 +175,7 @@ class Client:
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
-        if not isinstance(default_max_attempts, int) or not 1 <= default_max_attempts <= MAX_ATTEMPTS_LIMIT:
+        if not valid_max_attempts(default_max_attempts):
             raise ConfigError(f"max attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {default_max_attempts!r}")
         self.store = store
         self.tenant = tenant
@@ -240,7 +241,7 @@ class Client:
         priority = _priority(priority)
         if max_attempts is None:
             max_attempts = self.default_max_attempts
-        elif not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        elif not valid_max_attempts(max_attempts):
             raise InvalidTask(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}")
         if idempotency_key is None:
             task_id = TaskId.new(run_at_ms)
@@ -314,7 +315,6 @@ class Client:
         chunk: list[tuple[int, Task]] = []
         oldest = 0  # when the chunk's first item was read (ms; the injectable clock)
         urgent = False  # the chunk holds a task due within the hand-off window
-        horizon = self._now_ms() + self.handoff_window_ms
         for index, item in enumerate(items):
             report.consumed = index + 1
             try:
@@ -329,9 +329,9 @@ class Client:
                 continue
             now = self._now_ms()
             if not chunk:
-                oldest, horizon = now, now + self.handoff_window_ms
+                oldest = now
             chunk.append((index, task))
-            urgent = urgent or task.run_at_ms <= horizon
+            urgent = urgent or self._due_soon(task.run_at_ms, now)
             if report.ids is not None:
                 report.ids.append(task.id)
             if len(chunk) >= self.chunk_size or now - oldest >= (URGENT_FLUSH_MS if urgent else FLUSH_MS):
@@ -375,7 +375,8 @@ class Client:
         try:
             self._hand_off(written)
         except HandoffFailed as error:
-            failed_ids.update((task.id, str(error)) for task in written if self._due_soon(task))
+            now = self._now_ms()
+            failed_ids.update((task.id, str(error)) for task in written if self._due_soon(task.run_at_ms, now))
         if not failed_ids:  # the common case, without a look-up per item
             report.stored += len(chunk)
         else:
@@ -392,16 +393,16 @@ class Client:
             progress(report)
         return not failed_ids
 
-    def _due_soon(self, task: Task, now_ms: int | None = None) -> bool:
-        now = self._now_ms() if now_ms is None else now_ms
-        return task.run_at_ms <= now + self.handoff_window_ms
+    def _due_soon(self, run_at_ms: int, now_ms: int) -> bool:
+        """Due within the hand-off window (or overdue): the dispatcher must be told."""
+        return run_at_ms <= now_ms + self.handoff_window_ms
 
     def _hand_off(self, tasks: Sequence[Task]) -> None:
         """Give the hand-off the tasks due within the window; `HandoffFailed` if it fails."""
         if self.handoff is None or not tasks:
             return
         now = self._now_ms()
-        due_soon = [task for task in tasks if self._due_soon(task, now)]
+        due_soon = [task for task in tasks if self._due_soon(task.run_at_ms, now)]
         if not due_soon:
             return
         try:
@@ -440,7 +441,7 @@ class Client:
         task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
         outcome = self.store.cancel(task_id, tenant)
         handed = outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
-        if handed and self.handoff is not None and task_id.run_at_ms <= self._now_ms() + self.handoff_window_ms:
+        if handed and self.handoff is not None and self._due_soon(task_id.run_at_ms, self._now_ms()):
             try:
                 self.handoff.cancelled(task_id)
             except Exception as exc:
