@@ -52,3 +52,21 @@ class StoreUnavailable(StoreError):
 
 class SchemaConflict(StoreError):
     """The keyspace exists with settings that differ from the ones asked for (e.g. shard count)."""
+
+
+class CoordinatorError(SchedulerError):
+    """The coordinator (ZooKeeper, or the embedded one) failed or could not be reached."""
+
+
+class CoordinatorUnavailable(CoordinatorError):
+    """No coordinator server answered within the connection timeout."""
+
+
+class QueueError(SchedulerError):
+    """The queue (Kafka, or the embedded one) refused or lost a publish, or failed a read.
+    After a failed publish, which messages were stored is unknown: publish them again
+    (duplicates are allowed downstream, loss is not)."""
+
+
+class QueueUnavailable(QueueError):
+    """No queue broker answered within the connection timeout."""

@@ -389,6 +389,11 @@ class Message:
     fence: int
 
 
+MESSAGE_ID_SLICE = slice(4, 20)
+"""Where an encoded message holds the task id's 16 bytes (after the array header, the
+version and the bin header), so a dispatcher can check an id without decoding."""
+
+
 def encode_message(task: Task, fence: int) -> bytes:
     """The queue message for `task` fired under `fence`: a msgpack array, ~30 bytes plus
     the tenant, type, key and payload."""

@@ -18,7 +18,7 @@ token got there first; `False` means "stop, someone else owns this now", never "
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -164,6 +164,13 @@ class TaskStore(Protocol):
         reader decides what to skip."""
         ...
 
+    def count_partition(self, partition: Partition, *, after_ms: int, through_ms: int) -> int:
+        """How many rows of `partition` have `after_ms < run_at <= through_ms`, cancelled
+        ones included. The dispatcher's cheap re-read of a slice just ahead of its cursor:
+        it compares this with the rows it already knows of and reads the slice only when
+        the store has more."""
+        ...
+
     def get(self, task_id: TaskId) -> StoredTask | None:
         """The task's home row, or None."""
         ...
@@ -232,3 +239,160 @@ class Handoff(Protocol):
     def submitted(self, tasks: Sequence[Task]) -> None: ...
 
     def cancelled(self, task_id: TaskId) -> None: ...
+
+
+# Coordination: membership, shard leases and fencing tokens.
+
+
+class SessionState(enum.Enum):
+    """The coordinator session's health, as its listener hears of it.
+
+    `CONNECTED`: leases are held. `SUSPENDED`: the connection dropped; the session (and
+    its leases) may still be alive, or may be expiring now; stop firing at once, keep the
+    leases, and resume if `CONNECTED` follows. `LOST`: the session expired; every lease it
+    held is gone (others may hold those shards already) and must never be used again.
+    """
+
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A held shard lease. `token` is its fencing token: every new lease of a shard gets
+    a larger one (ZooKeeper: the lease znode's `czxid`), so a store write carrying it is
+    refused once a newer lease has written. `session` names the coordinator session that
+    created it (opaque), so a lease from an expired session is never taken for valid."""
+
+    shard: int
+    token: int
+    session: int
+
+
+class Coordinator(Protocol):
+    """Membership of dispatchers and exclusive, fenced shard leases.
+
+    A lease lives as long as the session that created it: an ephemeral znode (ZooKeeper)
+    or an entry of the embedded hub. A member that dies stops renewing its session, the
+    session expires after the session timeout, and its leases and membership vanish, so
+    other members can take the shards. At most one lease of a shard exists at any moment.
+
+    Thread-safety: every method may be called from several threads at once. Failures:
+    `CoordinatorUnavailable` from `start` when no server answers; `CoordinatorError` from
+    the others when the session is not usable (a lost lease is never an exception: it
+    shows as `is_valid` turning False and as a `LOST` or `SUSPENDED` state).
+    """
+
+    def start(self, member: str, on_state: Callable[[SessionState], None]) -> None:
+        """Open the session and register `member` (unique among live members). `on_state`
+        is called on every change of the session's state, from the coordinator's own
+        thread, at once: it must only set flags, never block."""
+        ...
+
+    def members(self) -> list[str]:
+        """Live members, sorted."""
+        ...
+
+    def lease_holders(self) -> dict[int, str]:
+        """Every live lease: shard -> the member holding it."""
+        ...
+
+    def acquire(self, shard: int) -> Lease | None:
+        """Take the shard's lease, or None if any session (this one included) holds it."""
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease up if it is still this session's with this token; no error if it
+        is already gone. Callers stop firing the shard before they release it."""
+        ...
+
+    def is_valid(self, lease: Lease) -> bool:
+        """Whether the lease may still be used: the session that made it is this one's and
+        is `CONNECTED`. No I/O: called before every publish batch."""
+        ...
+
+    def confirm(self, lease: Lease) -> bool:
+        """Whether the lease still exists and is this session's, asked of the coordinator
+        itself (I/O). For a process that was paused: its own view of the session may not
+        have caught up yet, so before firing again it asks."""
+        ...
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (from the coordinator's thread; it must not block) whenever the
+        members or the leases may have changed. Callers also re-check periodically."""
+        ...
+
+    def close(self) -> None:
+        """Release every lease this session holds, leave, and close the session."""
+        ...
+
+
+# Queueing: the ready topics that workers consume, and the dispatchers' hand-off log.
+
+
+class Publisher(Protocol):
+    """Publishes fired tasks' messages to the ready topics (`high`, `normal`, `low`,
+    `long`). Kafka: an idempotent producer with `acks=all`, batched."""
+
+    def publish(self, topic: str, values: Sequence[bytes]) -> None:
+        """Queue `values` for `topic` (the queue picks partitions). Returns at once unless
+        the local buffer is full, then waits for room. `QueueError` if refused."""
+        ...
+
+    def flush(self, timeout_s: float) -> None:
+        """Return once every value published so far is durably stored; `QueueError` if
+        any was not, or if `timeout_s` passed first. After an error the caller publishes
+        again what it cannot prove stored (duplicates are allowed, loss is not)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRecord:
+    """One message read from the hand-off log: the partition is the shard, `offset` its
+    position there."""
+
+    shard: int
+    offset: int
+    value: bytes
+
+
+class HandoffLog(Protocol):
+    """The write side of the hand-off log: one partition per shard (Kafka: the hand-off
+    topic, partition = shard), durable on return."""
+
+    def append(self, batches: Sequence[tuple[int, Sequence[bytes]]]) -> None:
+        """Append each `(shard, values)` batch to the shard's partition, in order; return
+        once all are durable (one flush for all), `QueueError` if any is not."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HandoffReader(Protocol):
+    """The read side of the hand-off log, for the owner of some shards. Positions are
+    committed per shard under one name shared by all dispatchers, so a new owner resumes
+    where the last owner committed (and from the start of the partition if nobody ever
+    committed): what the last owner read but did not commit is read again."""
+
+    def assign(self, shard: int) -> None:
+        """Start reading the shard's partition from its committed position."""
+        ...
+
+    def unassign(self, shard: int) -> None:
+        """Stop reading the shard's partition; records not yet polled are dropped."""
+        ...
+
+    def poll(self, max_records: int, timeout_s: float) -> list[HandoffRecord]:
+        """Up to `max_records` records of assigned shards, in order within each shard;
+        waits up to `timeout_s` for the first. `QueueError` if the log fails."""
+        ...
+
+    def commit(self, positions: Mapping[int, int]) -> None:
+        """Record, for each shard, the offset of the next record to read (one past the last
+        one whose effect is safe). Synchronous; `QueueError` if it fails."""
+        ...
+
+    def close(self) -> None: ...

@@ -95,26 +95,86 @@ CASSANDRA_ENV = {
 """The environment variable of each `CassandraSettings` field; the CLI's options read the same."""
 
 
+READY_TOPICS = ("high", "normal", "low", "long")
+"""The ready topics' short names: one per priority, and `long` for task types declared
+long, which a separate worker pool consumes."""
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     bootstrap: str = "127.0.0.1:9092"
+    topic_prefix: str = "scheduler"
+    """Every topic's name starts with this and a dot, so several deployments (or tests)
+    can share one cluster."""
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,150}", self.topic_prefix):
+            raise ConfigError(
+                f"topic prefix {self.topic_prefix!r} is not usable in Kafka topic names: "
+                "use letters, digits, '.', '_' or '-' (at most 151)"
+            )
+
+    def ready_topic(self, name: str) -> str:
+        """The ready topic for `name`, one of `READY_TOPICS`."""
+        if name not in READY_TOPICS:
+            raise ValueError(f"no ready topic {name!r}; there are {', '.join(READY_TOPICS)}")
+        return f"{self.topic_prefix}.ready.{name}"
+
+    @property
+    def handoff_topic(self) -> str:
+        """Tasks and cancels due soon, for the shard's owner: partition = shard."""
+        return f"{self.topic_prefix}.handoff"
+
+    @property
+    def dead_letter_topic(self) -> str:
+        return f"{self.topic_prefix}.dead"
+
+    @property
+    def dispatcher_group(self) -> str:
+        """The consumer group under which dispatchers commit their hand-off positions."""
+        return f"{self.topic_prefix}.dispatchers"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> KafkaSettings:
-        return cls(bootstrap=env.get("SCHEDULER_KAFKA_BOOTSTRAP") or cls.bootstrap)
+    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: object) -> KafkaSettings:
+        values: dict[str, object] = {}
+        if text := env.get("SCHEDULER_KAFKA_BOOTSTRAP"):
+            values["bootstrap"] = text
+        if text := env.get("SCHEDULER_TOPIC_PREFIX"):
+            values["topic_prefix"] = text
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
 class ZooKeeperSettings:
     hosts: str = "127.0.0.1:2181"
     root: str = "/scheduler"
+    session_timeout_s: float = 10.0
+    """The lease timeout: how long after a dispatcher dies (or pauses, or is cut off) its
+    shards become free for others."""
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
+            raise ConfigError(f"ZooKeeper root {self.root!r} must start with '/' and not end with one")
+        if not 0.5 <= self.session_timeout_s <= 600:
+            raise ConfigError(f"session timeout {self.session_timeout_s} s is outside 0.5..600 s")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> ZooKeeperSettings:
-        return cls(
-            hosts=env.get("SCHEDULER_ZOOKEEPER_HOSTS") or cls.hosts,
-            root=env.get("SCHEDULER_ZOOKEEPER_ROOT") or cls.root,
-        )
+    def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: object) -> ZooKeeperSettings:
+        values: dict[str, object] = {}
+        if text := env.get("SCHEDULER_ZOOKEEPER_HOSTS"):
+            values["hosts"] = text
+        if text := env.get("SCHEDULER_ZOOKEEPER_ROOT"):
+            values["root"] = text
+        if text := env.get("SCHEDULER_LEASE_TIMEOUT_S"):
+            try:
+                values["session_timeout_s"] = float(text)
+            except ValueError:
+                raise ConfigError(f"SCHEDULER_LEASE_TIMEOUT_S={text!r} is not a number of seconds") from None
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)  # type: ignore[arg-type]
 
 
 def split_hosts(text: str) -> tuple[str, ...]:

@@ -315,6 +315,8 @@ tickTime=2000
 dataDir={self.data}
 clientPort={self.ports()["client"]}
 clientPortAddress={self.settings.host}
+# Sessions (= shard leases) may be as short as 1 s, so failover tests need not wait.
+minSessionTimeout=1000
 maxSessionTimeout=60000
 # Every test client comes from the same address: no per-address connection cap (default 60).
 maxClientCnxns=0

@@ -48,6 +48,21 @@ def test_a_range_read_is_after_exclusive_through_inclusive(store: TaskStore) -> 
     assert [stored.task.run_at_ms for stored in read] == [t for t in times if after < t <= through]
 
 
+def test_a_range_count_matches_the_range_read_and_ignores_stray_reports(store: TaskStore) -> None:
+    tasks = in_partition(store.shard_count, NINE_OCLOCK_MS, 5, 20)
+    assert store.insert(tasks) == []
+    partition = Partition(NINE_OCLOCK_MS, 5)
+    store.cancel(tasks[0].id, tasks[0].tenant)
+    missing = next(t for t in in_partition(store.shard_count, NINE_OCLOCK_MS, 5, 1))
+    store.record_status([StatusReport(missing.id, 1, TaskStatus.DONE)])  # a report for a task never stored
+    times = sorted(task.run_at_ms for task in tasks)
+
+    for after, through in [(times[0] - 1, times[-1]), (times[3], times[15]), (times[-1], times[-1] + 5000)]:
+        read = list(store.read_partition(partition, after_ms=after, through_ms=through))
+        assert store.count_partition(partition, after_ms=after, through_ms=through) == len(read)
+    assert store.count_partition(partition, after_ms=times[0] - 1, through_ms=times[-1]) == 20
+
+
 def test_many_tasks_over_many_partitions_are_all_stored(store: TaskStore) -> None:
     tasks = [make_task(NINE_OCLOCK_MS + (n * 37) % (3 * BUCKET_MS), tenant=f"college-{n % 7}") for n in range(1500)]
     assert store.insert(tasks) == []

@@ -19,6 +19,7 @@ from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, Invali
 from scheduler.model import (
     BUCKET_MS,
     MAX_PAYLOAD_BYTES,
+    MESSAGE_ID_SLICE,
     Message,
     Priority,
     Task,
@@ -263,7 +264,9 @@ def test_messages_round_trip(
         id=TaskId.new(ms), tenant=tenant, type=type_, payload=payload, run_at_ms=ms, priority=priority,
         attempt=attempt, max_attempts=10, idempotency_key=key,
     )
-    assert decode_message(encode_message(task, fence)) == Message(task, fence)
+    encoded = encode_message(task, fence)
+    assert decode_message(encoded) == Message(task, fence)
+    assert encoded[MESSAGE_ID_SLICE] == task.id.bytes
 
 
 def test_a_message_costs_little_more_than_its_payload() -> None:

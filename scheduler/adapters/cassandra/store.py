@@ -237,6 +237,13 @@ class CassandraTaskStore:
         except DRIVER_ERRORS as exc:
             raise StoreError(f"reading partition {partition} failed: {_describe(exc)}") from exc
 
+    def count_partition(self, partition: Partition, *, after_ms: int, through_ms: int) -> int:
+        statement = self._q["count_range"].bind(
+            (from_ms(partition.minute_bucket), partition.shard, from_ms(after_ms), from_ms(through_ms))
+        )
+        row = self._execute(statement).one()
+        return int(row[0]) if row is not None else 0
+
     def get(self, task_id: TaskId) -> StoredTask | None:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
         return _stored_task(row) if row is not None and row[2] is not None else None

@@ -221,6 +221,13 @@ class SqliteTaskStore:
                 return
             last = (rows[-1][0], rows[-1][1])
 
+    def count_partition(self, partition: Partition, *, after_ms: int, through_ms: int) -> int:
+        rows = self._read(
+            "SELECT count(*) FROM tasks WHERE minute_bucket = ? AND shard = ? AND run_at > ? AND run_at <= ?",
+            [partition.minute_bucket, partition.shard, after_ms, through_ms],
+        )
+        return int(rows[0][0])
+
     def _locate(self, task_id: TaskId) -> tuple[int, int, int, bytes]:
         """The primary key of the task's home row."""
         run_at = task_id.run_at_ms
