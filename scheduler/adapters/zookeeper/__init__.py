@@ -1,0 +1,1 @@
+"""The ZooKeeper adapter: membership and fenced shard leases (`coordinator.py`)."""
