@@ -1,0 +1,159 @@
+"""Creating and removing the scheduler's topics.
+
+`ensure_topics` makes, if they are missing, the four ready topics, the dead-letter topic
+and the hand-off topic, and returns once the broker's metadata lists all six. It is
+idempotent and safe to run from several processes at once. Topics that exist are left
+as they are, except that the hand-off topic must have exactly one partition per shard
+(its partition is the shard): another count is a `ConfigError`, raised before anything
+is created.
+
+Topics get the broker's default replication factor (`default.replication.factor`) and
+`min.insync.replicas`: with `acks=all`, a message is then acknowledged once every
+in-sync replica has it.
+
+Failures: `QueueUnavailable` when no broker answers within `connect_timeout_s`,
+`QueueError` when Kafka refuses to create or delete a topic.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
+
+from scheduler.errors import ConfigError, QueueError, QueueUnavailable
+from scheduler.model import check_shard_count
+from scheduler.settings import READY_TOPICS, KafkaSettings
+
+log = logging.getLogger(__name__)
+
+USE_BROKER_DEFAULT = -1
+"""Replication factor -1: the broker's `default.replication.factor`."""
+
+
+def wanted_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions: int) -> dict[str, int]:
+    """Every topic of a deployment and its partition count."""
+    topics = {settings.ready_topic(name): ready_partitions for name in READY_TOPICS}
+    topics[settings.dead_letter_topic] = ready_partitions
+    topics[settings.handoff_topic] = shard_count
+    return topics
+
+
+def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions: int = 8) -> None:
+    """Create whichever of the scheduler's topics are missing; see the module docstring."""
+    check_shard_count(shard_count)
+    if ready_partitions < 1:
+        raise ConfigError(f"ready topics need at least one partition, got {ready_partitions}")
+    wanted = wanted_topics(settings, shard_count=shard_count, ready_partitions=ready_partitions)
+    admin = _admin(settings)
+    existing = _partition_counts(admin, settings)
+    _check_handoff(settings, existing, shard_count)
+    missing = [
+        NewTopic(name, num_partitions=count, replication_factor=USE_BROKER_DEFAULT)
+        for name, count in wanted.items()
+        if name not in existing
+    ]
+    if missing:
+        futures = admin.create_topics(
+            missing, request_timeout=settings.connect_timeout_s, operation_timeout=settings.connect_timeout_s
+        )
+        for name, future in futures.items():
+            _wait(future, settings, f"create topic {name}", tolerate=KafkaError.TOPIC_ALREADY_EXISTS)
+            log.info("created topic %s", name, extra={"action": "kafka.topic.create", "topic": name})
+    # Creation is asynchronous: wait until the broker's metadata shows every topic, so
+    # that a producer started next finds them.
+    deadline = time.monotonic() + settings.connect_timeout_s
+    while True:
+        existing = _partition_counts(admin, settings)
+        _check_handoff(settings, existing, shard_count)
+        absent = sorted(name for name in wanted if name not in existing)
+        if not absent:
+            return
+        if time.monotonic() >= deadline:
+            raise QueueError(
+                f"topics {', '.join(absent)} were created on Kafka at {settings.bootstrap} but its metadata "
+                f"still does not list them after {settings.connect_timeout_s} s; run ensure_topics again"
+            )
+        time.sleep(0.05)
+
+
+def delete_topics(settings: KafkaSettings) -> None:
+    """Delete the deployment's topics and the dispatchers' committed positions (the
+    consumer group), whichever exist. Everything waiting in them is lost: for tests and
+    for tearing a deployment down."""
+    admin = _admin(settings)
+    existing = _partition_counts(admin, settings)
+    names = [
+        name
+        for name in wanted_topics(settings, shard_count=1, ready_partitions=1)
+        if name in existing
+    ]
+    if names:
+        futures = admin.delete_topics(names, request_timeout=settings.connect_timeout_s,
+                                      operation_timeout=settings.connect_timeout_s)
+        for name, future in futures.items():
+            _wait(future, settings, f"delete topic {name}", tolerate=KafkaError.UNKNOWN_TOPIC_OR_PART)
+    group = settings.dispatcher_group
+    futures = admin.delete_consumer_groups([group], request_timeout=settings.connect_timeout_s)
+    _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND)
+
+
+def _admin(settings: KafkaSettings) -> AdminClient:
+    # The logger keeps librdkafka's own log lines (one per refused connection) off stderr.
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap, "logger": log}
+    return AdminClient(config)
+
+
+def _partition_counts(admin: AdminClient, settings: KafkaSettings) -> dict[str, int]:
+    """Partition count of every topic the broker lists (topics in error left out)."""
+    metadata = list_topics(admin, settings)
+    return {name: len(topic.partitions) for name, topic in metadata.topics.items() if topic.error is None}
+
+
+def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = None) -> ClusterMetadata:
+    """The cluster's metadata through `client` (admin, producer or consumer), or
+    `QueueUnavailable` naming the bootstrap address if no broker answers in time."""
+    timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
+    try:
+        metadata: ClusterMetadata = client.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise unavailable(settings, timeout, exc) from exc
+    return metadata
+
+
+def unavailable(settings: KafkaSettings, timeout_s: float, cause: object) -> QueueUnavailable:
+    return QueueUnavailable(
+        f"cannot reach Kafka at {settings.bootstrap} within {timeout_s} s ({cause}). Is it running? For the "
+        "local cluster run `python deploy/local/cluster.py start`; elsewhere set SCHEDULER_KAFKA_BOOTSTRAP."
+    )
+
+
+def _check_handoff(settings: KafkaSettings, existing: dict[str, int], shard_count: int) -> None:
+    count = existing.get(settings.handoff_topic)
+    if count is not None and count != shard_count:
+        raise ConfigError(
+            f"the hand-off topic {settings.handoff_topic} has {count} partitions but the scheduler runs "
+            f"{shard_count} shards: its partition is the shard, so the two must be equal. Use the shard count "
+            "the topics were made for, or another topic prefix (SCHEDULER_TOPIC_PREFIX); Kafka cannot take "
+            "partitions away from a topic."
+        )
+
+
+def _wait(future: concurrent.futures.Future[None], settings: KafkaSettings, what: str, *, tolerate: int) -> None:
+    """The outcome of one admin operation; the error code `tolerate` counts as done."""
+    try:
+        future.result(timeout=2 * settings.connect_timeout_s)
+    except concurrent.futures.TimeoutError as exc:
+        raise unavailable(settings, 2 * settings.connect_timeout_s, f"no answer to: {what}") from exc
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError):
+            if error.code() == tolerate:
+                return
+            if error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
+                raise unavailable(settings, settings.connect_timeout_s, error) from exc
+        raise QueueError(f"Kafka at {settings.bootstrap} refused to {what}: {error or exc}") from exc
