@@ -8,6 +8,7 @@ server that is down.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -16,15 +17,34 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from enum import IntEnum
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
-from scheduler import __version__
-from scheduler.errors import ConfigError, InvalidTask, SchedulerError, SchemaConflict, StoreUnavailable
+from scheduler import __version__, wiring
+from scheduler.errors import (
+    ConfigError,
+    CoordinatorUnavailable,
+    InvalidTask,
+    QueueUnavailable,
+    SchedulerError,
+    SchemaConflict,
+    StoreUnavailable,
+)
 from scheduler.model import DEFAULT_MAX_ATTEMPTS, Priority, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StoredTask, TaskStore
-from scheduler.settings import CASSANDRA_ENV, CONSISTENCY_LEVELS, CassandraSettings, split_hosts
+from scheduler.settings import (
+    CASSANDRA_ENV,
+    CONSISTENCY_LEVELS,
+    CassandraSettings,
+    KafkaSettings,
+    ZooKeeperSettings,
+    split_hosts,
+)
+from scheduler.wiring import BackendSettings
+
+if TYPE_CHECKING:
+    from scheduler.producer import Client
 
 
 class Exit(IntEnum):
@@ -57,7 +77,7 @@ def cassandra_options(function: F) -> F:
                "\"{'class': 'NetworkTopologyStrategy', 'dc1': 3}\" in production."),
         option("--consistency", "consistency", "Consistency of reads and writes.",
                type=click.Choice(CONSISTENCY_LEVELS)),
-        option("--shards", "shard_count", "Shards per keyspace; fixed when the keyspace is created.", type=int),
+        option("--shard-count", "shard_count", "Shards per keyspace; fixed when the keyspace is created.", type=int),
     ]
     for decorate in reversed(options):
         function = decorate(function)
@@ -124,37 +144,61 @@ def default_db_path() -> Path:
     return Path(base) / "scheduler" / "tasks.db"
 
 
+def queue_options(function: F) -> F:
+    """Where the Kafka cluster is, and the prefix of the scheduler's topics."""
+    defaults = KafkaSettings()
+    function = click.option(
+        "--topic-prefix", "topic_prefix", default=defaults.topic_prefix, envvar="SCHEDULER_TOPIC_PREFIX",
+        show_envvar=True, show_default=True, help="Kafka topic names start with this and a dot.",
+    )(function)
+    return click.option(
+        "--kafka", "kafka_bootstrap", default=defaults.bootstrap, envvar="SCHEDULER_KAFKA_BOOTSTRAP",
+        show_envvar=True, show_default=True, help="Kafka bootstrap servers (cassandra backend).",
+    )(function)
+
+
 def store_options(function: F) -> F:
-    """`--backend`, `--db` and the Cassandra options: which task store a command uses."""
-    function = cassandra_options(function)
+    """`--backend`, `--db`, the Cassandra and the Kafka options: which task store a
+    command uses, and where tasks due soon are handed to the dispatchers."""
+    function = queue_options(cassandra_options(function))
     function = click.option(
         "--db", "db", type=click.Path(dir_okay=False, path_type=Path), default=default_db_path,
         envvar="SCHEDULER_DB", show_envvar=True, show_default="$XDG_DATA_HOME/scheduler/tasks.db",
-        help="SQLite file of the embedded backend (created when missing).",
+        help="SQLite file of the embedded backend (created when missing); its queue and coordinator "
+             "files sit beside it.",
     )(function)
     return click.option(
         "--backend", "backend", type=click.Choice(BACKENDS), default="embedded", envvar="SCHEDULER_BACKEND",
         show_envvar=True, show_default=True,
-        help="Task store: the embedded SQLite file, or the Cassandra cluster.",
+        help="embedded: SQLite files on this machine, no servers. cassandra: the distributed backend "
+             "(Cassandra, Kafka, ZooKeeper).",
     )(function)
 
 
+def backend_settings(backend: str, db: Path, *, kafka_bootstrap: str, topic_prefix: str,
+                     zookeeper: ZooKeeperSettings | None = None, **cassandra: Any) -> BackendSettings:
+    return BackendSettings(
+        backend=backend, db=db, cassandra=settings_from(**cassandra),
+        kafka=KafkaSettings.from_env(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix),
+        zookeeper=zookeeper or ZooKeeperSettings.from_env(),
+    )
+
+
 @contextmanager
-def open_store(backend: str, db: Path, **cassandra: Any) -> Iterator[TaskStore]:
-    settings = settings_from(**cassandra)
-    store: TaskStore
-    if backend == "embedded":
-        from scheduler.adapters.embedded.store import SqliteTaskStore
-
-        store = SqliteTaskStore(db, shard_count=settings.shard_count)
-    else:
-        from scheduler.adapters.cassandra.store import CassandraTaskStore
-
-        store = CassandraTaskStore.open(settings)
-    try:
+def open_store(backend: str, db: Path, **options: Any) -> Iterator[TaskStore]:
+    with wiring.open_store(backend_settings(backend, db, **options)) as store:
         yield store
-    finally:
-        store.close()
+
+
+@contextmanager
+def open_client(backend: str, db: Path, tenant: str | None = None, default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                **options: Any) -> Iterator[Client]:
+    """A producer client whose hand-off reaches this backend's dispatchers."""
+    from scheduler.producer import Client
+
+    settings = backend_settings(backend, db, **options)
+    with wiring.open_store(settings) as store, wiring.open_handoff(settings, store.shard_count) as handoff:
+        yield Client(store, tenant=tenant, handoff=handoff, default_max_attempts=default_max_attempts)
 
 
 _DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
@@ -223,13 +267,11 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
     With --file, submits a whole file, shows progress, and reports every line that was
     not stored with its reason; the exit code is 1 if any line was not stored.
     """
-    from scheduler.producer import Client
-
     if file is not None:
         if task_type is not None:
             raise click.UsageError("give TYPE or --file, not both")
-        with open_store(backend, db, **cassandra) as store:
-            submit_file(Client(store, tenant=tenant, default_max_attempts=max_attempts), file)
+        with open_client(backend, db, tenant=tenant, default_max_attempts=max_attempts, **cassandra) as client:
+            submit_file(client, file)
         return
     if task_type is None:
         raise click.UsageError("missing TYPE (the task's handler name), or --file")
@@ -238,8 +280,8 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
     parsed_payload = parse_payload(payload)  # the flags are read before the store is opened
     parsed_run_at = parse_run_at(run_at) if run_at else None
     parsed_delay = parse_delay(delay) if delay else None
-    with open_store(backend, db, **cassandra) as store:
-        task_id = Client(store).submit(
+    with open_client(backend, db, **cassandra) as client:
+        task_id = client.submit(
             task_type, parsed_payload, tenant=tenant, run_at=parsed_run_at, delay=parsed_delay,
             priority=priority, idempotency_key=key, max_attempts=max_attempts,
         )
@@ -339,15 +381,78 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
     Exit 0 when it is (or already was) cancelled, 1 when no task of this tenant has
     this id, 4 when it already finished.
     """
-    from scheduler.producer import Client
-
-    with open_store(backend, db, **cassandra) as store:
-        outcome = Client(store).cancel(TaskId.parse(task_id), tenant)
+    with open_client(backend, db, **cassandra) as client:
+        outcome = client.cancel(TaskId.parse(task_id), tenant)
     click.echo(f"{task_id}: {outcome.value}")
     if outcome is CancelOutcome.NOT_FOUND:
         raise click.exceptions.Exit(Exit.FAILURE)
     if outcome is CancelOutcome.FINISHED:
         raise click.exceptions.Exit(Exit.CONFLICT)
+
+
+@cli.command()
+@click.option("--shards", "shards", default="auto", envvar="SCHEDULER_DISPATCHER_SHARDS", show_envvar=True,
+              show_default=True, help="auto: share the shards with the other live dispatchers; or pin ranges "
+              "such as 0-15 or 0-7,32-39.")
+@click.option("--member", "member", envvar="SCHEDULER_MEMBER", show_envvar=True,
+              help="This dispatcher's name among the members; unique. Default: host name and process id.")
+@click.option("--zookeeper", "zookeeper_hosts", default=ZooKeeperSettings().hosts, envvar="SCHEDULER_ZOOKEEPER_HOSTS",
+              show_envvar=True, show_default=True, help="ZooKeeper connection string (cassandra backend).")
+@click.option("--zookeeper-root", "zookeeper_root", default=ZooKeeperSettings().root,
+              envvar="SCHEDULER_ZOOKEEPER_ROOT", show_envvar=True, show_default=True,
+              help="ZooKeeper path under which members and leases live.")
+@click.option("--lease-timeout", "lease_timeout_s", type=float, default=ZooKeeperSettings().session_timeout_s,
+              envvar="SCHEDULER_LEASE_TIMEOUT_S", show_envvar=True, show_default=True,
+              help="Seconds after which the shards of a dispatcher that died (or paused) go to others.")
+@click.option("--tick-ms", "tick_ms", type=click.IntRange(10, 1000), default=100, show_default=True,
+              envvar="SCHEDULER_TICK_MS", show_envvar=True,
+              help="Timing-wheel tick: due tasks fire at most this late. Must divide 1000.")
+@click.option("--long-types", "long_types", default="", envvar="SCHEDULER_LONG_TYPES", show_envvar=True,
+              help="Comma-separated task types published to the long topic (the long worker pool).")
+@click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="SCHEDULER_STATS_FILE", show_envvar=True,
+              help="Rewrite this JSON file every second with the shards held and the counters.")
+@click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
+@store_options
+def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
+               tick_ms: int, long_types: str, stats_file: Path | None, log_level: str, backend: str, db: Path,
+               **options: Any) -> None:
+    """Hold shard leases and fire due tasks to the ready topics until stopped.
+
+    Runs until SIGTERM or Ctrl-C, then gives its shards back so the other dispatchers
+    take them at once. Exits 3 when a server cannot be reached at start; while
+    running, it rides out servers that go away, firing late rather than never.
+    """
+    import signal
+    import socket
+
+    from scheduler.dispatcher.balance import parse_shards
+    from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%dT%H:%M:%S")
+    if 1000 % tick_ms:
+        raise click.BadParameter(f"--tick-ms {tick_ms} does not divide 1000")
+    zookeeper = ZooKeeperSettings.from_env(hosts=zookeeper_hosts, root=zookeeper_root,
+                                           session_timeout_s=lease_timeout_s)
+    settings = backend_settings(backend, db, zookeeper=zookeeper, **options)
+    name = member or f"{socket.gethostname()}-{os.getpid()}"
+    with wiring.open_dispatcher_parts(settings, name) as parts:
+        config = DispatcherConfig(
+            member=name, shards=parse_shards(shards, parts.store.shard_count), tick_ms=tick_ms,
+            lease_timeout_s=lease_timeout_s,
+            long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
+        )
+        runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
+                            handoff_reader=parts.handoff_reader, topics=parts.topics)
+        runner.start_session()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: runner.stop())
+        logging.getLogger("scheduler.dispatcher").info(
+            "dispatcher %s started: shards %s, backend %s", name, shards, backend)
+        runner.run()
 
 
 @cli.command()
@@ -367,7 +472,7 @@ def demo() -> None:
 def exit_code_for(error: SchedulerError) -> Exit:
     if isinstance(error, SchemaConflict):
         return Exit.CONFLICT
-    if isinstance(error, StoreUnavailable):
+    if isinstance(error, StoreUnavailable | QueueUnavailable | CoordinatorUnavailable):
         return Exit.UNAVAILABLE
     if isinstance(error, ConfigError | InvalidTask):
         return Exit.USAGE

@@ -134,7 +134,7 @@ def test_the_schema_apply_command_is_safe_to_repeat_and_refuses_a_new_shard_coun
     second = apply()
     assert second.returncode == Exit.OK, second.stderr
     assert "64 shards (as recorded before)" in second.stdout
-    conflict = apply("--shards", "32")
+    conflict = apply("--shard-count", "32")
     assert conflict.returncode == Exit.CONFLICT
     assert "created with 64 shards, not 32" in conflict.stderr
 

@@ -1,0 +1,669 @@
+"""The dispatcher process: holds shard leases, loads due tasks into wheels, fires them.
+
+Threads, and who owns what
+--------------------------
+- The **fire loop** (the thread that calls `run`) owns every `OwnedShard`. Each tick it
+  applies what other threads sent it, reads the hand-off log, fires what is due, flushes
+  the queue, commits hand-off positions and starts cursor advances. Nothing else touches
+  a shard's state, so there are no locks around it.
+- The **balancer** decides which shards to take or give back (`balance.plan`), takes
+  leases, and tells the fire loop.
+- **Readers** (a pool) load buckets, count and re-read slices; **writers** (a pool) take
+  shards in the store and advance cursors (each a lightweight transaction, ~50 ms).
+  Their results come back to the fire loop through its inbox, tagged with the lease
+  token they were started under, so a result for a lease since lost is dropped.
+
+A shard's life
+--------------
+    ACQUIRED (lease taken) -> STARTING (take_shard in the store, read fired_through)
+      -> FIRING (buckets loaded a minute ahead; due slots fired every tick;
+                 cursor advanced about once a second)
+      -> GIVING BACK (stop firing, last advance, commit hand-off position, release lease)
+       | DROPPED (lease lost, or the store refused a fenced write: a newer owner exists)
+
+Fencing: a shard fires only while `Coordinator.is_valid(lease)` holds (checked before
+every batch, no I/O); when the session is suspended every shard stops at once. After a
+stall longer than a third of the lease timeout (the process was paused, or starved), each
+lease is confirmed with the coordinator before anything more is fired. Every message
+carries the lease's token and every cursor write is conditional on it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from scheduler import handoff
+from scheduler.dispatcher.balance import plan
+from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
+from scheduler.errors import InvalidMessage, QueueError, SchedulerError
+from scheduler.model import BUCKET_MS, minute_bucket
+from scheduler.ports import Coordinator, HandoffReader, Lease, Publisher, SessionState, StoredTask, TaskStore
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], int]
+
+LOAD_CHUNK = 2000
+"""Rows a bucket read sends to the fire loop at a time."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    member: str
+    shards: Sequence[int] | None = None
+    """None for `auto`; else the pinned shards."""
+    tick_ms: int = 100
+    lookahead_ms: int = BUCKET_MS
+    """How far ahead buckets are loaded: the next bucket is read a minute before it starts."""
+    verify_lead_ms: int = 2000
+    verify_grace_ms: int = 1000
+    advance_interval_ms: int = 1000
+    commit_interval_ms: int = 1000
+    balance_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0
+    first_lookback_ms: int = 10 * BUCKET_MS
+    """Where a never-fired shard starts: this long before now."""
+    page_size: int = 5000
+    reader_threads: int = 8
+    writer_threads: int = 8
+    long_types: frozenset[str] = frozenset()
+    flush_timeout_s: float = 10.0
+    stats_path: Path | None = None
+    stats_interval_ms: int = 1000
+
+
+@dataclass
+class Stats:
+    fired: int = 0
+    loaded: int = 0
+    handed_tasks: int = 0
+    handed_cancels: int = 0
+    skipped_cancelled: int = 0
+    slices_counted: int = 0
+    slices_reread: int = 0
+    rows_merged: int = 0
+    advances: int = 0
+    fenced_out: int = 0
+    leases_lost: int = 0
+    taken: int = 0
+    given_back: int = 0
+    publish_failures: int = 0
+    store_failures: int = 0
+    bad_handoffs: int = 0
+    stalls: int = 0
+    started_ms: int = field(default_factory=wall_clock_ms)
+
+
+class Dispatcher:
+    """Fires the due tasks of the shards it holds. `run()` blocks until `stop()`."""
+
+    def __init__(
+        self,
+        config: DispatcherConfig,
+        *,
+        store: TaskStore,
+        coordinator: Coordinator,
+        publisher: Publisher,
+        handoff_reader: HandoffReader,
+        topics: dict[int, str],
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.coordinator = coordinator
+        self.publisher = publisher
+        self.handoff_reader = handoff_reader
+        self.topics = topics
+        self.clock = clock
+        self.shard_count = store.shard_count
+        self.stats = Stats()
+        self.shards: dict[int, OwnedShard] = {}
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._wake_balancer = threading.Event()
+        self._session = SessionState.CONNECTED
+        self._mine: set[int] = set()
+        """Shards with a lease this process holds (balancer's view, guarded by `_mine_lock`)."""
+        self._mine_lock = threading.Lock()
+        self._readers = ThreadPoolExecutor(config.reader_threads, thread_name_prefix="dispatcher-read")
+        self._writers = ThreadPoolExecutor(config.writer_threads, thread_name_prefix="dispatcher-write")
+        self._advancing: set[int] = set()
+        self._last_advance_ms: dict[int, int] = {}
+        self._positions: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._last_commit_ms = 0
+        self._last_stats_ms = 0
+        self._pending: list[dict[int, FireBatch]] = []
+        """Fired batches not yet acknowledged by the queue (published again after a failure)."""
+        self._ready_positions: dict[int, int] = {}
+        """Hand-off positions whose records are all safe: fired and flushed, or in a wheel."""
+        self._retry_at_ms = 0
+        self._backoff_ms = 0
+
+    # Lifecycle.
+
+    def start_session(self) -> None:
+        """Join the coordinator (raises `CoordinatorUnavailable` if it cannot be reached)."""
+        self.coordinator.start(self.config.member, self._on_session)
+        self.coordinator.watch(self._wake_balancer.set)
+
+    def run(self) -> None:
+        balancer = threading.Thread(target=self._balance_loop, name="dispatcher-balance", daemon=True)
+        balancer.start()
+        try:
+            self._fire_loop()
+        finally:
+            self._shutdown()
+            self._stopped.set()
+
+    def stop(self) -> None:
+        """Ask `run` to stop gracefully: give every shard back (so others take over at
+        once), then return. Safe from a signal handler."""
+        self._stopping.set()
+        self._wake_balancer.set()
+
+    def wait_stopped(self, timeout_s: float) -> bool:
+        return self._stopped.wait(timeout_s)
+
+    def _session_now(self) -> SessionState:
+        return self._session
+
+    def _on_session(self, state: SessionState) -> None:
+        self._session = state
+        log.warning("coordinator session %s", state.value, extra={"action": "session_" + state.value})
+        self._wake_balancer.set()
+
+    # The balancer.
+
+    def _balance_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake_balancer.wait(self.config.balance_interval_s)
+            self._wake_balancer.clear()
+            if self._stopping.is_set() or self._session is not SessionState.CONNECTED:
+                continue
+            try:
+                self._balance_once()
+            except SchedulerError as exc:
+                log.warning("balancing failed: %s", exc, extra={"action": "balance_failed"})
+
+    def _balance_once(self) -> None:
+        members = self.coordinator.members()
+        holders = self.coordinator.lease_holders()
+        with self._mine_lock:
+            mine = set(self._mine)
+        decided = plan(self.config.member, members, holders, mine, self.shard_count, self.config.shards)
+        for shard in decided.give_back:
+            self._post(partial(self._give_back, shard))
+        for shard in decided.take:
+            if self._stopping.is_set():
+                return
+            lease = self.coordinator.acquire(shard)
+            if lease is None:
+                continue
+            with self._mine_lock:
+                self._mine.add(shard)
+            log.info("took the lease of shard %d (token %d)", shard, lease.token,
+                     extra={"action": "lease_taken", "shard": shard, "token": lease.token})
+            self._writers.submit(self._start_shard, lease)
+
+    def _forget_lease(self, shard: int) -> None:
+        with self._mine_lock:
+            self._mine.discard(shard)
+        self._wake_balancer.set()
+
+    # Work done off the fire loop; each sends its result back through the inbox.
+
+    def _post(self, action: Callable[[], None]) -> None:
+        self._inbox.put(action)
+
+    def _start_shard(self, lease: Lease) -> None:
+        """Record the token in the store, read the cursor, then hand the shard to the fire loop."""
+        try:
+            taken = self.store.take_shard(lease.shard, self.config.member, lease.token)
+            state = self.store.read_shard(lease.shard) if taken else None
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("taking shard %d in the store failed: %s; retrying", lease.shard, exc,
+                        extra={"action": "take_failed", "shard": lease.shard})
+            self._retry_later(lambda: self._start_shard(lease), lease)
+            return
+        if not taken or state is None or state.lease_token != lease.token:
+            self.stats.fenced_out += 1
+            log.error("the store refused shard %d for token %d: a newer token is recorded", lease.shard,
+                      lease.token, extra={"action": "fenced_out", "shard": lease.shard})
+            self.coordinator.release(lease)
+            self._forget_lease(lease.shard)
+            return
+        start = state.fired_through_ms
+        if start is None:
+            start = self.clock() - self.config.first_lookback_ms
+        self._post(lambda: self._shard_started(lease, start))
+
+    def _retry_later(self, action: Callable[[], None], lease: Lease, delay_s: float = 1.0) -> None:
+        def again() -> None:
+            if not self._stopping.is_set() and self.coordinator.is_valid(lease):
+                self._writers.submit(action)
+            else:
+                self._post(lambda: self._drop(lease.shard, "lease lost before the shard started", lease))
+
+        timer = threading.Timer(delay_s * (0.5 + random.random()), again)
+        timer.daemon = True
+        timer.start()
+
+    def _load_bucket(self, owned: OwnedShard, bucket: int) -> None:
+        """Read one bucket of the shard and send it to the fire loop in chunks. Chunks end
+        between two run_at values, so a read retried after a failure resumes after the
+        last run_at sent and sends no row twice."""
+        token, shard = owned.token, owned.shard
+        after = max(owned.start_ms, bucket - 1)
+        read_started = self.clock()
+        delay = 0.2
+        while not self._stopping.is_set() and self._holds(shard, token):
+            try:
+                chunk: list[StoredTask] = []
+                for stored in self.store.read_partition(owned.partition(bucket), after_ms=after,
+                                                        page_size=self.config.page_size):
+                    if len(chunk) >= LOAD_CHUNK and stored.task.run_at_ms != chunk[-1].task.run_at_ms:
+                        rows = rows_from(chunk, token, owned.long_types)
+                        self._post(partial(self._rows_loaded, shard, token, rows))
+                        after = chunk[-1].task.run_at_ms
+                        chunk = []
+                    chunk.append(stored)
+                rows = rows_from(chunk, token, owned.long_types)
+                self._post(partial(self._rows_loaded, shard, token, rows, (bucket, read_started)))
+                return
+            except SchedulerError as exc:
+                self.stats.store_failures += 1
+                log.warning("reading bucket %d of shard %d failed: %s; retrying", bucket, shard, exc,
+                            extra={"action": "load_failed", "shard": shard})
+                self._stopping.wait(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _count_slice(self, owned: OwnedShard, k: int) -> None:
+        token, shard = owned.token, owned.shard
+        after, through = owned.count_range(k)
+        try:
+            stored = self.store.count_partition(owned.partition(minute_bucket(k * 1000)), after_ms=after,
+                                                through_ms=through)
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("counting a slice of shard %d failed: %s", shard, exc, extra={"action": "count_failed"})
+            self._post(lambda: self._slice_failed(shard, token, k))
+            return
+        self._post(lambda: self._slice_counted(shard, token, k, stored))
+
+    def _reread_slice(self, owned: OwnedShard, k: int) -> None:
+        token, shard = owned.token, owned.shard
+        after, through = owned.count_range(k)
+        try:
+            stored = list(self.store.read_partition(owned.partition(minute_bucket(k * 1000)), after_ms=after,
+                                                    through_ms=through))
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("re-reading a slice of shard %d failed: %s", shard, exc, extra={"action": "reread_failed"})
+            self._post(lambda: self._slice_failed(shard, token, k))
+            return
+        rows = rows_from(stored, token, owned.long_types)
+        self._post(lambda: self._slice_reread(shard, token, k, rows))
+
+    def _advance(self, shard: int, lease: Lease, through_ms: int) -> None:
+        try:
+            applied = self.store.advance_shard(shard, lease.token, through_ms)
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("advancing the cursor of shard %d failed: %s", shard, exc,
+                        extra={"action": "advance_failed", "shard": shard})
+            self._post(lambda: self._advanced(shard, lease, None))
+            return
+        self._post(lambda: self._advanced(shard, lease, through_ms if applied else False))
+
+    # Inbox handlers: these run on the fire loop.
+
+    def _holds(self, shard: int, token: int) -> bool:
+        owned = self.shards.get(shard)
+        return owned is not None and owned.token == token
+
+    def _current(self, shard: int, token: int) -> OwnedShard | None:
+        owned = self.shards.get(shard)
+        return owned if owned is not None and owned.token == token else None
+
+    def _shard_started(self, lease: Lease, start_ms: int) -> None:
+        if self._stopping.is_set() or not self.coordinator.is_valid(lease):
+            self._drop(lease.shard, "lease lost while starting", lease)
+            return
+        owned = OwnedShard(
+            shard=lease.shard, lease=lease, start_ms=start_ms, shard_count=self.shard_count,
+            long_types=self.config.long_types, tick_ms=self.config.tick_ms,
+            verify_grace_ms=self.config.verify_grace_ms,
+        )
+        try:
+            self.handoff_reader.assign(lease.shard)
+        except QueueError as exc:
+            log.warning("reading the hand-off of shard %d failed: %s; giving it back", lease.shard, exc,
+                        extra={"action": "assign_failed", "shard": lease.shard})
+            self._writers.submit(self._finish_give_back, owned)
+            return
+        self.shards[lease.shard] = owned
+        self.stats.taken += 1
+        log.info("firing shard %d from %d (token %d)", lease.shard, start_ms, lease.token,
+                 extra={"action": "shard_started", "shard": lease.shard, "token": lease.token})
+
+    def _rows_loaded(self, shard: int, token: int, rows: list[Row], done: tuple[int, int] | None = None) -> None:
+        owned = self._current(shard, token)
+        if owned is None:
+            return
+        self.stats.loaded += owned.add_rows(rows, from_bulk=True)
+        if done is not None:
+            bucket, read_started_ms = done
+            owned.bucket_loaded(bucket, read_started_ms)
+
+    def _slice_counted(self, shard: int, token: int, k: int, stored: int) -> None:
+        owned = self._current(shard, token)
+        if owned is None:
+            return
+        self.stats.slices_counted += 1
+        if owned.slice_counted(k, stored):
+            self.stats.slices_reread += 1
+            self._readers.submit(self._reread_slice, owned, k)
+
+    def _slice_reread(self, shard: int, token: int, k: int, rows: list[Row]) -> None:
+        owned = self._current(shard, token)
+        if owned is not None:
+            added = owned.slice_reread(k, rows)
+            self.stats.rows_merged += added
+            if added:
+                log.warning("slice %d of shard %d held %d tasks the dispatcher had not seen; merged", k, shard,
+                            added, extra={"action": "slice_merged", "shard": shard})
+
+    def _slice_failed(self, shard: int, token: int, k: int) -> None:
+        owned = self._current(shard, token)
+        if owned is not None:
+            owned.counting.discard(k)  # asked again on a later tick
+
+    def _advanced(self, shard: int, lease: Lease, result: int | bool | None) -> None:
+        self._advancing.discard(shard)
+        owned = self._current(shard, lease.token)
+        if result is False:
+            self.stats.fenced_out += 1
+            log.error("the store refused the cursor of shard %d for token %d: a newer owner exists; stopped "
+                      "firing it", shard, lease.token, extra={"action": "fenced_out", "shard": shard})
+            if owned is not None:
+                self._drop(shard, "fenced out by the store", lease)
+            return
+        if isinstance(result, int) and not isinstance(result, bool) and owned is not None:
+            owned.persisted_ms = max(owned.persisted_ms, result)
+            self.stats.advances += 1
+
+    def _give_back(self, shard: int) -> None:
+        owned = self.shards.pop(shard, None)
+        if owned is None:
+            return
+        position = self._ready_positions.get(shard)
+        if position is not None and position != self._committed.get(shard):
+            try:
+                self.handoff_reader.commit({shard: position})
+            except QueueError as exc:  # the next owner reads a little again: duplicates, never loss
+                log.warning("committing the hand-off position of shard %d failed: %s", shard, exc)
+        self._stop_reading(shard)
+        log.info("stopped firing shard %d to give it back", shard,
+                 extra={"action": "shard_stopped", "shard": shard})
+        self._writers.submit(self._finish_give_back, owned)
+
+    def _stop_reading(self, shard: int) -> None:
+        try:
+            self.handoff_reader.unassign(shard)
+        except QueueError as exc:
+            log.warning("could not stop reading the hand-off of shard %d: %s", shard, exc)
+        self._positions.pop(shard, None)
+        self._committed.pop(shard, None)
+        self._ready_positions.pop(shard, None)
+
+    def _finish_give_back(self, owned: OwnedShard) -> None:
+        """Off the fire loop: write the final cursor, commit, then release the lease."""
+        through = owned.cursor_candidate()
+        try:
+            if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
+                self.store.advance_shard(owned.shard, owned.token, through)
+        except SchedulerError as exc:
+            log.warning("final cursor of shard %d not written: %s", owned.shard, exc)
+        self.coordinator.release(owned.lease)
+        self._forget_lease(owned.shard)
+        self.stats.given_back += 1
+        log.info("gave shard %d back (cursor %d)", owned.shard, through,
+                 extra={"action": "shard_given_back", "shard": owned.shard})
+
+    def _drop(self, shard: int, why: str, lease: Lease) -> None:
+        """Stop firing a shard at once, without touching the store: it is not ours."""
+        owned = self.shards.get(shard)
+        if owned is not None and owned.token == lease.token:
+            del self.shards[shard]
+            self._stop_reading(shard)
+            self.stats.leases_lost += 1
+            log.warning("stopped firing shard %d: %s", shard, why, extra={"action": "shard_dropped", "shard": shard})
+        self.coordinator.release(lease)
+        self._forget_lease(shard)
+
+    # The fire loop.
+
+    def _fire_loop(self) -> None:
+        tick = self.config.tick_ms
+        last_loop = time.monotonic()
+        while not self._stopping.is_set():
+            now = self.clock()
+            deadline = time.monotonic() + (tick - now % tick) / 1000
+            while True:
+                remaining = deadline - time.monotonic()
+                try:
+                    action = self._inbox.get(timeout=max(remaining, 0)) if remaining > 0 else self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                action()
+            gap = time.monotonic() - last_loop
+            last_loop = time.monotonic()
+            if gap > self.config.lease_timeout_s / 3:
+                self.stats.stalls += 1
+                self._confirm_leases(gap)
+            self._tick()
+
+    def _confirm_leases(self, gap_s: float) -> None:
+        log.warning("the fire loop stalled for %.1f s; confirming leases before firing", gap_s,
+                    extra={"action": "stall"})
+        for shard, owned in list(self.shards.items()):
+            try:
+                confirmed = self.coordinator.confirm(owned.lease)
+            except SchedulerError:
+                confirmed = False
+            if not confirmed:
+                self._drop(shard, "its lease was not confirmed after a stall", owned.lease)
+
+    def _tick(self) -> None:
+        now = self.clock()
+        self._read_handoffs()
+        if self._pending:
+            if now < self._retry_at_ms:
+                return
+            self._publish_pending()
+            if self._pending:
+                return
+        self._fire(now)
+        if not self._pending:
+            # Every record read so far is now fired and flushed, or waits in a wheel at
+            # a time after the cursor (where a new owner's read of the store finds it).
+            self._ready_positions = dict(self._positions)
+        self._schedule_reads(now)
+        self._advance_cursors(now)
+        self._commit_handoffs(now)
+        self._write_stats(now)
+
+    def _read_handoffs(self) -> None:
+        if not self.shards:
+            return
+        try:
+            records = self.handoff_reader.poll(10_000, 0)
+        except QueueError as exc:
+            log.warning("reading the hand-off log failed: %s", exc, extra={"action": "handoff_read_failed"})
+            return
+        for record in records:
+            owned = self.shards.get(record.shard)
+            if owned is None:
+                continue
+            try:
+                item = handoff.decode(record.value)
+            except InvalidMessage as exc:
+                self.stats.bad_handoffs += 1
+                log.error("skipped a bad hand-off record at shard %d offset %d: %s", record.shard, record.offset, exc,
+                          extra={"action": "bad_handoff"})
+            else:
+                if isinstance(item, handoff.HandedTask):
+                    if item.task.id.shard(self.shard_count) == record.shard and owned.handed_task(item.task):
+                        self.stats.handed_tasks += 1
+                else:
+                    self.stats.handed_cancels += 1
+                    owned.handed_cancel(item.task_id.bytes, item.task_id.run_at_ms)
+            self._positions[record.shard] = record.offset + 1
+
+    def _fire(self, now: int) -> None:
+        if self._session is SessionState.SUSPENDED:
+            return  # the leases may yet survive: keep the shards, fire nothing
+        batches: dict[int, FireBatch] = {}
+        for shard, owned in list(self.shards.items()):
+            if not self.coordinator.is_valid(owned.lease):
+                session = self._session_now()  # another thread may have changed it since the check above
+                if session is not SessionState.SUSPENDED:
+                    self._drop(shard, f"its lease is no longer valid (session {session.value})", owned.lease)
+                continue
+            batch = owned.fire(now)
+            if batch.count or batch.skipped_cancelled:
+                batches[shard] = batch
+                self.stats.skipped_cancelled += batch.skipped_cancelled
+            else:
+                owned.flushed_through_ms = max(owned.flushed_through_ms, batch.fired_through_ms)
+        if batches:
+            self._pending.append(batches)
+            self._publish_pending()
+
+    def _publish_pending(self) -> None:
+        """Publish and flush every pending batch; on failure keep them to publish again."""
+        try:
+            for batches in self._pending:
+                by_topic: dict[str, list[bytes]] = {}
+                for shard, batch in batches.items():
+                    owned = self.shards.get(shard)
+                    if owned is None or not self.coordinator.is_valid(owned.lease):
+                        continue
+                    for tag, values in batch.by_tag.items():
+                        by_topic.setdefault(self.topics[tag], []).extend(values)
+                for topic, values in by_topic.items():
+                    self.publisher.publish(topic, values)
+            self.publisher.flush(self.config.flush_timeout_s)
+        except QueueError as exc:
+            self.stats.publish_failures += 1
+            self._backoff_ms = min(max(self._backoff_ms * 2, 100), 5000)
+            self._retry_at_ms = self.clock() + self._backoff_ms
+            log.warning("publishing failed: %s; publishing again in %d ms", exc, self._backoff_ms,
+                        extra={"action": "publish_failed"})
+            return
+        self._backoff_ms = 0
+        for batches in self._pending:
+            for shard, batch in batches.items():
+                self.stats.fired += batch.count
+                owned = self.shards.get(shard)
+                if owned is not None:
+                    owned.flushed(batch)
+        self._pending.clear()
+
+    def _schedule_reads(self, now: int) -> None:
+        for owned in self.shards.values():
+            for bucket in owned.buckets_to_load(now, self.config.lookahead_ms):
+                owned.requested_buckets.add(bucket)
+                self._readers.submit(self._load_bucket, owned, bucket)
+            for k in owned.slices_to_verify(now, self.config.verify_lead_ms):
+                owned.counting.add(k)
+                self._readers.submit(self._count_slice, owned, k)
+
+    def _advance_cursors(self, now: int) -> None:
+        for shard, owned in self.shards.items():
+            if shard in self._advancing or now - self._last_advance_ms.get(shard, 0) < self.config.advance_interval_ms:
+                continue
+            through = owned.cursor_candidate()
+            if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
+                self._advancing.add(shard)
+                self._last_advance_ms[shard] = now
+                self._writers.submit(self._advance, shard, owned.lease, through)
+
+    def _commit_handoffs(self, now: int) -> None:
+        if now - self._last_commit_ms < self.config.commit_interval_ms:
+            return
+        self._last_commit_ms = now
+        positions = {shard: offset for shard, offset in self._ready_positions.items()
+                     if shard in self.shards and self._committed.get(shard) != offset}
+        if not positions:
+            return
+        try:
+            self.handoff_reader.commit(positions)
+        except QueueError as exc:
+            log.warning("committing hand-off positions failed: %s", exc, extra={"action": "commit_failed"})
+            return
+        self._committed.update(positions)
+
+    def _write_stats(self, now: int) -> None:
+        path = self.config.stats_path
+        if path is None or now - self._last_stats_ms < self.config.stats_interval_ms:
+            return
+        self._last_stats_ms = now
+        write_json(path, self.snapshot())
+
+    def snapshot(self) -> dict[str, Any]:
+        """What this dispatcher holds and has done, as one JSON-able document."""
+        waiting = sum(len(owned.wheel) for owned in self.shards.values())
+        wheel_bytes = sum(owned.wheel.nbytes for owned in self.shards.values())
+        return {
+            "member": self.config.member,
+            "pid": os.getpid(),
+            "at_ms": self.clock(),
+            "session": self._session.value,
+            "shards": sorted(self.shards),
+            "tokens": {str(shard): owned.token for shard, owned in sorted(self.shards.items())},
+            "waiting": waiting,
+            "wheel_bytes": wheel_bytes,
+            "stats": self.stats.__dict__,
+        }
+
+    def _shutdown(self) -> None:
+        """Give every shard back, so other dispatchers take over without waiting: what
+        was fired but not acknowledged is left for the next owner to fire again."""
+        if self._pending:
+            self._publish_pending()
+        self._readers.shutdown(wait=False, cancel_futures=True)
+        for shard in list(self.shards):
+            self._give_back(shard)
+        self._writers.shutdown(wait=True)
+        self._write_stats(self.clock() + self.config.stats_interval_ms)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    """Replace `path` atomically, so a reader never sees half a document."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(document))
+    os.replace(temporary, path)
+
+
+def shards_label(shards: Collection[int] | None) -> str:
+    return "auto" if shards is None else f"{len(shards)} pinned"

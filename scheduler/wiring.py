@@ -1,0 +1,124 @@
+"""Which adapters make up each backend, for the CLI: the one place that picks drivers.
+
+- `embedded`: the SQLite task store (`--db`), a SQLite log beside it (`queue.db`) and a
+  SQLite coordinator (`coordinator.db`); processes on one machine share all three.
+- `cassandra`: the distributed backend, i.e. Cassandra for tasks, Kafka for the ready
+  topics and the hand-off, ZooKeeper for leases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.dispatcher.shard import topic_tags
+from scheduler.handoff import LogHandoff
+from scheduler.ports import Coordinator, Handoff, HandoffReader, Publisher, TaskStore
+from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    backend: str
+    db: Path
+    cassandra: CassandraSettings
+    kafka: KafkaSettings
+    zookeeper: ZooKeeperSettings
+
+    @property
+    def queue_path(self) -> Path:
+        return self.db.with_name("queue.db")
+
+    @property
+    def coordinator_path(self) -> Path:
+        return self.db.with_name("coordinator.db")
+
+    def topics(self) -> dict[int, str]:
+        """Wheel tag -> ready topic."""
+        return topic_tags({name: self.kafka.ready_topic(name) for name in READY_TOPICS})
+
+
+@contextmanager
+def open_store(settings: BackendSettings) -> Iterator[TaskStore]:
+    store: TaskStore
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.store import SqliteTaskStore
+
+        store = SqliteTaskStore(settings.db, shard_count=settings.cassandra.shard_count)
+    else:
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+        store = CassandraTaskStore.open(settings.cassandra)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def open_handoff(settings: BackendSettings, shard_count: int) -> Iterator[Handoff]:
+    """The producer's hand-off to the dispatchers of this backend."""
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.queue import SqliteQueue
+
+        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+        try:
+            yield LogHandoff(queue.handoff_log(shard_count), shard_count)
+        finally:
+            queue.close()
+    else:
+        from scheduler.adapters.kafka.handoff import KafkaHandoffLog
+
+        log = KafkaHandoffLog(settings.kafka, shard_count)
+        try:
+            yield LogHandoff(log, shard_count)
+        finally:
+            log.close()
+
+
+@dataclass
+class DispatcherParts:
+    store: TaskStore
+    coordinator: Coordinator
+    publisher: Publisher
+    handoff_reader: HandoffReader
+    topics: dict[int, str]
+
+
+@contextmanager
+def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[DispatcherParts]:
+    """Everything a dispatcher talks to, checked reachable (`StoreUnavailable`,
+    `QueueUnavailable`; the coordinator is checked when the dispatcher joins it)."""
+    with ExitStack() as stack:
+        store = stack.enter_context(open_store(settings))
+        coordinator: Coordinator
+        publisher: Publisher
+        reader: HandoffReader
+        if settings.backend == "embedded":
+            from scheduler.adapters.embedded.coordinator import SqliteCoordinator
+            from scheduler.adapters.embedded.queue import SqliteQueue
+
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            stack.callback(queue.close)
+            publisher = queue.publisher()
+            reader = queue.handoff_reader(settings.kafka.dispatcher_group)
+            coordinator = SqliteCoordinator(settings.coordinator_path,
+                                            session_timeout_s=settings.zookeeper.session_timeout_s)
+        else:
+            from scheduler.adapters.kafka.handoff import KafkaHandoffReader
+            from scheduler.adapters.kafka.publisher import KafkaPublisher
+            from scheduler.adapters.kafka.topics import ensure_topics
+            from scheduler.adapters.zookeeper.coordinator import ZkCoordinator
+
+            ensure_topics(settings.kafka, shard_count=store.shard_count)
+            kafka_publisher = KafkaPublisher(settings.kafka, client_id=member)
+            stack.callback(kafka_publisher.close)
+            kafka_publisher.check()
+            publisher = kafka_publisher
+            reader = KafkaHandoffReader(settings.kafka, member=member)
+            coordinator = ZkCoordinator(settings.zookeeper)
+        stack.callback(reader.close)
+        stack.callback(coordinator.close)
+        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics())

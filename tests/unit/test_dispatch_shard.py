@@ -1,0 +1,175 @@
+"""One shard's firing state, driven by hand with a manual clock: no threads, no I/O."""
+
+from __future__ import annotations
+
+from scheduler.dispatcher.shard import SLICE_MS, OwnedShard, Row, rows_from, should_fire, tag_for
+from scheduler.model import BUCKET_MS, Priority, Task, decode_message
+from scheduler.ports import Lease, StoredTask, TaskStatus
+from tests.tasks import NINE_OCLOCK_MS, make_task
+
+T0 = NINE_OCLOCK_MS
+SHARDS = 4
+TOKEN = 77
+
+
+def owned(start_ms: int = T0 - 30_000, shard: int = 1) -> OwnedShard:
+    return OwnedShard(shard=shard, lease=Lease(shard, TOKEN, 1), start_ms=start_ms, shard_count=SHARDS,
+                      long_types=frozenset({"report"}), tick_ms=100, verify_grace_ms=1000)
+
+
+def tasks_at(*offsets_ms: int, shard: int = 1, **fields: object) -> list[Task]:
+    found = []
+    for offset in offsets_ms:
+        while True:
+            task = make_task(T0 + offset, **fields)  # type: ignore[arg-type]
+            if task.id.shard(SHARDS) == shard:
+                found.append(task)
+                break
+    return found
+
+
+def load(state: OwnedShard, tasks: list[Task], bucket: int = T0, read_started_ms: int = T0 - 60_000) -> None:
+    state.requested_buckets.add(bucket)
+    state.add_rows(rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in tasks], TOKEN, state.long_types),
+                   from_bulk=True)
+    state.bucket_loaded(bucket, read_started_ms)
+
+
+def verify_all(state: OwnedShard, through_ms: int) -> None:
+    k = (state.verified_through_ms + 1) // SLICE_MS
+    while k * SLICE_MS <= through_ms:
+        assert not state.slice_counted(k, state.seen.get(k, 0))
+        k += 1
+
+
+def fired_ids(state: OwnedShard, now_ms: int) -> list[bytes]:
+    batch = state.fire(now_ms)
+    state.flushed(batch)
+    return [decode_message(v).task.id.bytes for values in batch.by_tag.values() for v in values]
+
+
+def test_loaded_tasks_fire_at_their_time_never_before_and_carry_the_token() -> None:
+    state = owned()
+    early, late = tasks_at(250, 40_000)
+    load(state, [early, late])
+    verify_all(state, T0 + BUCKET_MS)
+
+    assert fired_ids(state, T0 + 200) == []
+    batch = state.fire(T0 + 299)
+    [[value]] = batch.by_tag.values()
+    assert decode_message(value).task.id == early.id and decode_message(value).fence == TOKEN
+    assert fired_ids(state, T0 + 39_998) == []
+    assert fired_ids(state, T0 + 40_099) == [late.id.bytes]
+
+
+def test_a_handed_off_cancel_keeps_a_loaded_task_from_firing() -> None:
+    state = owned()
+    kept, cancelled = tasks_at(100, 100)
+    load(state, [kept, cancelled])
+    verify_all(state, T0 + 1000)
+    state.handed_cancel(cancelled.id.bytes, cancelled.run_at_ms)
+
+    batch = state.fire(T0 + 1000)
+    assert batch.skipped_cancelled == 1
+    assert [decode_message(v).task.id for vs in batch.by_tag.values() for v in vs] == [kept.id]
+
+
+def test_a_task_both_loaded_and_handed_off_fires_once_whichever_comes_first() -> None:
+    state = owned()
+    first, second = tasks_at(5_000, 6_000)
+    state.requested_buckets.add(T0)
+    assert state.handed_task(first)  # the hand-off overtakes the bucket read
+    load(state, [first, second])
+    assert not state.handed_task(second)  # and the other way round
+    verify_all(state, T0 + 10_000)
+
+    assert sorted(fired_ids(state, T0 + 10_000)) == sorted([first.id.bytes, second.id.bytes])
+    assert state.seen[(T0 + 5_000) // SLICE_MS] == 1
+
+
+def test_an_overdue_hand_off_fires_at_the_next_pass_and_a_future_bucket_is_left_to_its_read() -> None:
+    state = owned()
+    load(state, [])
+    verify_all(state, T0 + 3_000)
+    assert fired_ids(state, T0 + 3_000) == []
+    [overdue] = tasks_at(1_000)
+    [next_minute_after_next] = tasks_at(3 * BUCKET_MS)
+    assert state.handed_task(overdue)
+    assert not state.handed_task(next_minute_after_next)
+    assert fired_ids(state, T0 + 3_000) == [overdue.id.bytes]
+
+
+def test_a_slice_waits_for_its_count_and_a_missing_row_is_merged_before_it_fires() -> None:
+    state = owned()
+    loaded, missed = tasks_at(2_100, 2_200)
+    load(state, [loaded])
+    verify_all(state, T0 + 1_999)
+
+    assert fired_ids(state, T0 + 2_500) == []  # slice 2 s is not verified yet
+    k = (T0 + 2_000) // SLICE_MS
+    assert state.slice_counted(k, 2)  # the store holds one more row than the shard saw
+    assert fired_ids(state, T0 + 2_500) == []
+    state.slice_reread(k, rows_from([StoredTask(loaded, TaskStatus.SCHEDULED), StoredTask(missed, TaskStatus.SCHEDULED)],
+                                    TOKEN, state.long_types))
+    assert sorted(fired_ids(state, T0 + 2_500)) == sorted([loaded.id.bytes, missed.id.bytes])
+
+
+def test_an_unverified_slice_fires_anyway_past_its_grace_but_the_cursor_waits() -> None:
+    state = owned(start_ms=T0 - 1)
+    [task] = tasks_at(2_100)
+    load(state, [task])
+    verify_all(state, T0 + 1_999)
+
+    assert fired_ids(state, T0 + 3_000) == []  # within grace: wait for the count
+    assert fired_ids(state, T0 + 4_000) == [task.id.bytes]  # past grace: on time matters more
+    assert state.cursor_candidate() == T0 + 1_999  # but the cursor does not pass the unverified slice
+
+
+def test_the_cursor_is_the_least_of_flushed_loaded_and_verified() -> None:
+    state = owned(start_ms=T0 - 1)
+    assert state.cursor_candidate() == T0 - 1
+    load(state, tasks_at(10), read_started_ms=T0 + 5_000)  # read late: its past slices count as verified
+    assert state.loaded_through_ms == T0 + BUCKET_MS - 1
+    assert state.verified_through_ms == T0 + 4_999
+    assert state.cursor_candidate() == T0 - 1  # nothing flushed yet
+    fired_ids(state, T0 + 7_000)
+    assert state.cursor_candidate() == T0 + 4_999
+
+
+def test_buckets_load_from_the_cursor_through_one_minute_ahead() -> None:
+    state = owned(start_ms=T0 - 2 * BUCKET_MS + 5)
+    assert state.buckets_to_load(T0 + 1, BUCKET_MS) == [T0 - 2 * BUCKET_MS, T0 - BUCKET_MS, T0, T0 + BUCKET_MS]
+    state.requested_buckets.update(state.buckets_to_load(T0 + 1, BUCKET_MS))
+    assert state.buckets_to_load(T0 + BUCKET_MS, BUCKET_MS) == [T0 + 2 * BUCKET_MS]
+
+
+def test_rows_reported_on_or_finished_do_not_fire_but_count_as_seen() -> None:
+    task = make_task()
+    retry_copy = make_task(attempt=2)
+    assert should_fire(StoredTask(task, TaskStatus.SCHEDULED))
+    assert not should_fire(StoredTask(task, TaskStatus.RUNNING, 1))  # fired before, by a previous owner
+    assert not should_fire(StoredTask(task, TaskStatus.CANCELLED, 1))
+    assert should_fire(StoredTask(retry_copy, TaskStatus.FAILED, 1))  # the next attempt is due
+    assert not should_fire(StoredTask(retry_copy, TaskStatus.DONE, 1))
+
+    state = owned()
+    done, waiting = tasks_at(100, 200)
+    state.requested_buckets.add(T0)
+    added = state.add_rows(rows_from([StoredTask(done, TaskStatus.DONE, 1), StoredTask(waiting, TaskStatus.SCHEDULED)],
+                                     TOKEN, state.long_types), from_bulk=True)
+    assert added == 1 and state.seen[T0 // SLICE_MS] == 2
+
+
+def test_long_task_types_go_to_the_long_tag_and_others_by_priority() -> None:
+    long_types = frozenset({"report"})
+    assert tag_for(make_task(type="report", priority=Priority.HIGH), long_types) == 3
+    assert tag_for(make_task(priority=Priority.HIGH), long_types) == Priority.HIGH.code
+    assert tag_for(make_task(priority=Priority.LOW), long_types) == Priority.LOW.code
+
+
+def test_rows_at_or_before_the_start_cursor_are_ignored() -> None:
+    state = owned(start_ms=T0 + 500)
+    state.requested_buckets.add(T0)
+    old, new = tasks_at(500, 501)
+    rows = [Row(t.run_at_ms, t.id.bytes, 1, b"m") for t in (old, new)]
+    assert state.add_rows(rows, from_bulk=True) == 1
