@@ -16,16 +16,23 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from confluent_kafka import Consumer, TopicPartition
 
-from scheduler.model import TaskId, decode_message
-from scheduler.settings import READY_TOPICS, KafkaSettings
+from scheduler.adapters.cassandra.store import CassandraTaskStore
+from scheduler.model import TaskId, decode_message, from_ms
+from scheduler.producer import Client
+from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings
 from tests.support import wait_until
+
+LEASE_TIMEOUT_S = 3.0
+"""Lease timeout of the dispatchers tests start: short, so failovers are quick."""
 
 EVENT = re.compile(
     r"^(?P<at>\S+) \S+ \S+: (?:firing shard (?P<start>\d+) from|stopped firing shard (?P<drop>\d+)|"
@@ -112,8 +119,6 @@ class Fleet:
         """shard -> (from, to, dispatcher) for every time a dispatcher fired it, from the
         logs; `to` is infinity while it still fires. A start is logged before the first
         fire and a stop after the last, so logged intervals contain the real ones."""
-        from datetime import datetime
-
         intervals: dict[int, list[tuple[float, float, str]]] = {}
         for dispatcher in self.dispatchers:
             open_since: dict[int, float] = {}
@@ -137,8 +142,6 @@ class Fleet:
 
 def dispatcher_end(dispatcher: Dispatcher) -> float:
     """When a dead dispatcher's log ends: it fired nothing after."""
-    from datetime import datetime
-
     for line in reversed(dispatcher.log().splitlines()):
         try:
             return datetime.fromisoformat(line.split(" ", 1)[0]).timestamp()
@@ -222,3 +225,33 @@ def by_id(messages: list[Published]) -> Iterator[tuple[TaskId, list[Published]]]
     for message in messages:
         grouped.setdefault(message.task_id, []).append(message)
     yield from grouped.items()
+
+
+@dataclass
+class Deployment:
+    """One test's distributed backend: its keyspace, topics and ZooKeeper root, a client
+    that hands off like any producer, a reader of the ready topics, and the dispatchers."""
+
+    cassandra: CassandraSettings
+    kafka: KafkaSettings
+    store: CassandraTaskStore
+    client: Client
+    ready: ReadyTopics
+    fleet: Fleet
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+def submit_spread(deployment: Deployment, count: int, from_ms: int, to_ms: int) -> dict[TaskId, int]:
+    """`count` tasks due evenly from `from_ms` to `to_ms`; id -> run_at."""
+    ids = {}
+    for n in range(count):
+        run_at = from_ms + (to_ms - from_ms) * n // max(count - 1, 1)
+        task_id = deployment.client.submit("sms", {"n": n}, run_at=from_ms_datetime(run_at), tenant=f"college-{n % 5}")
+        ids[task_id] = run_at
+    return ids
+
+
+def from_ms_datetime(ms: int) -> datetime:
+    return from_ms(ms)

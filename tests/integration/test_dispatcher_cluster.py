@@ -6,87 +6,13 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-from kazoo.client import KazooClient
 
-from scheduler.adapters.cassandra.store import CassandraTaskStore
-from scheduler.adapters.kafka.handoff import KafkaHandoffLog
-from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
-from scheduler.handoff import LogHandoff
-from scheduler.model import TaskId, from_ms
-from scheduler.producer import Client
-from scheduler.settings import CassandraSettings, KafkaSettings
-from tests.cluster import Cluster, unique_name
-from tests.dispatchers import Fleet, ReadyTopics, by_id, overlaps
+from tests.dispatchers import LEASE_TIMEOUT_S, Deployment, by_id, from_ms_datetime, overlaps, submit_spread
 from tests.support import run_cli, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-LEASE_TIMEOUT_S = 3.0
-
-
-@dataclass
-class Deployment:
-    cassandra: CassandraSettings
-    kafka: KafkaSettings
-    store: CassandraTaskStore
-    client: Client
-    ready: ReadyTopics
-    fleet: Fleet
-
-    def now_ms(self) -> int:
-        return time.time_ns() // 1_000_000
-
-
-@pytest.fixture
-def deployment(cluster: Cluster, keyspace: CassandraSettings, zk_root: KazooClient, tmp_path: Path) -> Iterator[Deployment]:
-    kafka = KafkaSettings(bootstrap=cluster.kafka.bootstrap, topic_prefix=unique_name("t"))
-    ensure_topics(kafka, shard_count=keyspace.shard_count, ready_partitions=4)
-    root = f"/tests/{unique_name('d')}"
-    env = {
-        "SCHEDULER_BACKEND": "cassandra",
-        "SCHEDULER_CASSANDRA_HOSTS": ",".join(keyspace.hosts),
-        "SCHEDULER_CASSANDRA_PORT": str(keyspace.port),
-        "SCHEDULER_KEYSPACE": keyspace.keyspace,
-        "SCHEDULER_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "SCHEDULER_TOPIC_PREFIX": kafka.topic_prefix,
-        "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts,
-        "SCHEDULER_ZOOKEEPER_ROOT": root,
-        "SCHEDULER_LEASE_TIMEOUT_S": str(LEASE_TIMEOUT_S),
-    }
-    store = CassandraTaskStore.open(keyspace)
-    handoff_log = KafkaHandoffLog(kafka, store.shard_count)
-    client = Client(store, tenant="college", handoff=LogHandoff(handoff_log, store.shard_count))
-    ready = ReadyTopics(kafka)
-    fleet = Fleet(env, tmp_path)
-    try:
-        yield Deployment(keyspace, kafka, store, client, ready, fleet)
-    finally:
-        fleet.stop_all()
-        ready.close()
-        handoff_log.close()
-        store.close()
-        delete_topics(kafka)
-        zk_root.delete(root, recursive=True)
-
-
-def submit_spread(deployment: Deployment, count: int, from_ms: int, to_ms: int) -> dict[TaskId, int]:
-    """`count` tasks due evenly from `from_ms` to `to_ms`; id -> run_at."""
-    ids = {}
-    for n in range(count):
-        run_at = from_ms + (to_ms - from_ms) * n // max(count - 1, 1)
-        task_id = deployment.client.submit("sms", {"n": n}, run_at=from_ms_datetime(run_at), tenant=f"college-{n % 5}")
-        ids[task_id] = run_at
-    return ids
-
-
-def from_ms_datetime(ms: int):  # type: ignore[no-untyped-def]
-    return from_ms(ms)
-
 
 def test_two_dispatchers_split_32_32_and_a_third_makes_22_21_21_never_firing_a_shard_twice(
     deployment: Deployment,
