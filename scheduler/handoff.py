@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import msgpack
 
-from scheduler.errors import InvalidMessage
+from scheduler.errors import InvalidMessage, InvalidTask
 from scheduler.model import DEFAULT_SHARD_COUNT, Task, TaskId, decode_message, encode_message
 from scheduler.ports import HandoffLog
 
@@ -64,7 +64,10 @@ def decode(value: bytes) -> HandoffItem:
     if kind == "task":
         return HandedTask(decode_message(body).task)
     if kind == "cancel":
-        return HandedCancel(TaskId.from_bytes(body))
+        try:
+            return HandedCancel(TaskId.from_bytes(body))
+        except InvalidTask as exc:
+            raise InvalidMessage(f"hand-off cancel holds no task id: {exc}") from None
     raise InvalidMessage(f"hand-off record of unknown kind {kind!r}")
 
 

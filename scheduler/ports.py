@@ -140,6 +140,12 @@ class TaskStore(Protocol):
         """Shards of this store, fixed when it was created."""
         ...
 
+    @property
+    def created_ms(self) -> int | None:
+        """When the store was created (no task can be older), if it recorded that: where a
+        shard that was never fired starts."""
+        ...
+
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
         """Write `tasks`, each as one row of its partition, and return once every write
         was acknowledged durably, listing the groups that were not (empty on success).

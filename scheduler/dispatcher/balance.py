@@ -46,7 +46,10 @@ def plan(
     """What `me` should do now: which free shards to try to take and which of its own to
     give back. `holders` is every live lease (shard -> member); `mine` the shards `me`
     holds and fires (its own view, which may lag `holders` by a moment)."""
-    free = [shard for shard in range(shard_count) if shard not in holders and shard not in mine]
+    # A lease of mine that I do not fire (its acquire failed after the server made it)
+    # counts as free for me: acquiring it again adopts it.
+    free = [shard for shard in range(shard_count)
+            if shard not in mine and (shard not in holders or holders[shard] == me)]
     if pinned is not None:
         wanted = set(pinned)
         return Plan(

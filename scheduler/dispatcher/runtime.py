@@ -58,6 +58,9 @@ Clock = Callable[[], int]
 LOAD_CHUNK = 2000
 """Rows a bucket read sends to the fire loop at a time."""
 
+LOAD_ATTEMPTS = 5
+"""Tries of one bucket read before it is handed back to be asked for again later."""
+
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -77,8 +80,11 @@ class DispatcherConfig:
     commit_interval_ms: int = 1000
     balance_interval_s: float = 1.0
     lease_timeout_s: float = 10.0
-    first_lookback_ms: int = 10 * BUCKET_MS
-    """Where a never-fired shard starts: this long before now."""
+    first_lookback_ms: int = 60 * BUCKET_MS
+    """Where a never-fired shard starts when the store does not record its creation time."""
+    publish_give_up_s: float = 60.0
+    """After this long without a successful publish, give every shard back and exit, so
+    dispatchers that can publish take over."""
     page_size: int = 5000
     reader_threads: int = 8
     writer_threads: int = 8
@@ -107,6 +113,8 @@ class Stats:
     store_failures: int = 0
     bad_handoffs: int = 0
     stalls: int = 0
+    duplicates_dropped: int = 0
+    job_errors: int = 0
     started_ms: int = field(default_factory=wall_clock_ms)
 
 
@@ -150,12 +158,15 @@ class Dispatcher:
         self._committed: dict[int, int] = {}
         self._last_commit_ms = 0
         self._last_stats_ms = 0
-        self._pending: list[dict[int, FireBatch]] = []
+        self._pending: list[tuple[int, int, FireBatch]] = []
         """Fired batches not yet acknowledged by the queue (published again after a failure)."""
         self._ready_positions: dict[int, int] = {}
         """Hand-off positions whose records are all safe: fired and flushed, or in a wheel."""
         self._retry_at_ms = 0
         self._backoff_ms = 0
+        self._failing_since_ms: int | None = None
+        self.failed: str | None = None
+        """Why `run` gave up, if it did (the CLI exits non-zero)."""
 
     # Lifecycle.
 
@@ -202,6 +213,9 @@ class Dispatcher:
                 self._balance_once()
             except SchedulerError as exc:
                 log.warning("balancing failed: %s", exc, extra={"action": "balance_failed"})
+            except Exception:  # the balancer must outlive any surprise
+                self.stats.job_errors += 1
+                log.exception("balancing failed unexpectedly", extra={"action": "balance_failed"})
 
     def _balance_once(self) -> None:
         members = self.coordinator.members()
@@ -221,7 +235,37 @@ class Dispatcher:
                 self._mine.add(shard)
             log.info("took the lease of shard %d (token %d)", shard, lease.token,
                      extra={"action": "lease_taken", "shard": shard, "token": lease.token})
-            self._writers.submit(self._start_shard, lease)
+            self._submit(self._writers, self._start_shard, lease, on_error=partial(self._give_up_lease, lease))
+
+    def _submit(self, pool: ThreadPoolExecutor, job: Callable[..., None], *args: Any,
+                on_error: Callable[[], None] | None = None) -> None:
+        """Run `job` on `pool`; an unexpected exception is logged and `on_error` runs, since
+        a pool would otherwise swallow it and leave the shard waiting forever."""
+
+        def guarded() -> None:
+            try:
+                job(*args)
+            except Exception:
+                self.stats.job_errors += 1
+                log.exception("%s failed unexpectedly", getattr(job, "__name__", "a job"),
+                              extra={"action": "job_failed"})
+                if on_error is not None:
+                    on_error()
+
+        try:
+            pool.submit(guarded)
+        except RuntimeError:  # shutting down
+            pass
+
+    def _give_up_lease(self, lease: Lease) -> None:
+        self._release(lease)
+        self._forget_lease(lease.shard)
+
+    def _release(self, lease: Lease) -> None:
+        try:
+            self.coordinator.release(lease)
+        except SchedulerError as exc:  # the lease expires with the session anyway
+            log.warning("releasing the lease of shard %d failed: %s", lease.shard, exc)
 
     def _forget_lease(self, shard: int) -> None:
         with self._mine_lock:
@@ -248,20 +292,20 @@ class Dispatcher:
             self.stats.fenced_out += 1
             log.error("the store refused shard %d for token %d: a newer token is recorded", lease.shard,
                       lease.token, extra={"action": "fenced_out", "shard": lease.shard})
-            self.coordinator.release(lease)
-            self._forget_lease(lease.shard)
+            self._give_up_lease(lease)
             return
         start = state.fired_through_ms
-        if start is None:
-            start = self.clock() - self.config.first_lookback_ms
-        self._post(lambda: self._shard_started(lease, start))
+        if start is None:  # never fired: from the store's creation, when it says
+            created = self.store.created_ms
+            start = created - 1 if created is not None else self.clock() - self.config.first_lookback_ms
+        self._post(partial(self._shard_started, lease, start))
 
     def _retry_later(self, action: Callable[[], None], lease: Lease, delay_s: float = 1.0) -> None:
         def again() -> None:
             if not self._stopping.is_set() and self.coordinator.is_valid(lease):
-                self._writers.submit(action)
+                self._submit(self._writers, action, on_error=partial(self._give_up_lease, lease))
             else:
-                self._post(lambda: self._drop(lease.shard, "lease lost before the shard started", lease))
+                self._give_up_lease(lease)
 
         timer = threading.Timer(delay_s * (0.5 + random.random()), again)
         timer.daemon = True
@@ -275,7 +319,9 @@ class Dispatcher:
         after = max(owned.start_ms, bucket - 1)
         read_started = self.clock()
         delay = 0.2
-        while not self._stopping.is_set() and self._holds(shard, token):
+        for _ in range(LOAD_ATTEMPTS):
+            if self._stopping.is_set() or not self._holds(shard, token):
+                return
             try:
                 chunk: list[StoredTask] = []
                 for stored in self.store.read_partition(owned.partition(bucket), after_ms=after,
@@ -295,6 +341,7 @@ class Dispatcher:
                             extra={"action": "load_failed", "shard": shard})
                 self._stopping.wait(delay)
                 delay = min(delay * 2, 5.0)
+        self._post(partial(self._bucket_failed, shard, token, bucket))
 
     def _count_slice(self, owned: OwnedShard, k: int) -> None:
         token, shard = owned.token, owned.shard
@@ -305,9 +352,9 @@ class Dispatcher:
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("counting a slice of shard %d failed: %s", shard, exc, extra={"action": "count_failed"})
-            self._post(lambda: self._slice_failed(shard, token, k))
+            self._post(partial(self._slice_failed, shard, token, k))
             return
-        self._post(lambda: self._slice_counted(shard, token, k, stored))
+        self._post(partial(self._slice_counted, shard, token, k, stored))
 
     def _reread_slice(self, owned: OwnedShard, k: int) -> None:
         token, shard = owned.token, owned.shard
@@ -318,10 +365,10 @@ class Dispatcher:
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("re-reading a slice of shard %d failed: %s", shard, exc, extra={"action": "reread_failed"})
-            self._post(lambda: self._slice_failed(shard, token, k))
+            self._post(partial(self._slice_failed, shard, token, k))
             return
         rows = rows_from(stored, token, owned.long_types)
-        self._post(lambda: self._slice_reread(shard, token, k, rows))
+        self._post(partial(self._slice_reread, shard, token, k, rows))
 
     def _advance(self, shard: int, lease: Lease, through_ms: int) -> None:
         try:
@@ -330,9 +377,9 @@ class Dispatcher:
             self.stats.store_failures += 1
             log.warning("advancing the cursor of shard %d failed: %s", shard, exc,
                         extra={"action": "advance_failed", "shard": shard})
-            self._post(lambda: self._advanced(shard, lease, None))
+            self._post(partial(self._advanced, shard, lease, None))
             return
-        self._post(lambda: self._advanced(shard, lease, through_ms if applied else False))
+        self._post(partial(self._advanced, shard, lease, through_ms if applied else False))
 
     # Inbox handlers: these run on the fire loop.
 
@@ -358,7 +405,7 @@ class Dispatcher:
         except QueueError as exc:
             log.warning("reading the hand-off of shard %d failed: %s; giving it back", lease.shard, exc,
                         extra={"action": "assign_failed", "shard": lease.shard})
-            self._writers.submit(self._finish_give_back, owned)
+            self._submit(self._writers, self._finish_give_back, owned, on_error=partial(self._give_up_lease, lease))
             return
         self.shards[lease.shard] = owned
         self.stats.taken += 1
@@ -369,7 +416,7 @@ class Dispatcher:
         owned = self._current(shard, token)
         if owned is None:
             return
-        self.stats.loaded += owned.add_rows(rows, from_bulk=True)
+        self.stats.loaded += owned.add_rows(rows)
         if done is not None:
             bucket, read_started_ms = done
             owned.bucket_loaded(bucket, read_started_ms)
@@ -381,7 +428,8 @@ class Dispatcher:
         self.stats.slices_counted += 1
         if owned.slice_counted(k, stored):
             self.stats.slices_reread += 1
-            self._readers.submit(self._reread_slice, owned, k)
+            self._submit(self._readers, self._reread_slice, owned, k,
+                         on_error=partial(self._post, partial(self._slice_failed, shard, token, k)))
 
     def _slice_reread(self, shard: int, token: int, k: int, rows: list[Row]) -> None:
         owned = self._current(shard, token)
@@ -394,8 +442,13 @@ class Dispatcher:
 
     def _slice_failed(self, shard: int, token: int, k: int) -> None:
         owned = self._current(shard, token)
+        if owned is not None:  # asked again a little later
+            owned.slice_failed(k, self.clock() + int(500 + 1000 * random.random()))
+
+    def _bucket_failed(self, shard: int, token: int, bucket: int) -> None:
+        owned = self._current(shard, token)
         if owned is not None:
-            owned.counting.discard(k)  # asked again on a later tick
+            owned.bucket_failed(bucket)
 
     def _advanced(self, shard: int, lease: Lease, result: int | bool | None) -> None:
         self._advancing.discard(shard)
@@ -424,7 +477,7 @@ class Dispatcher:
         self._stop_reading(shard)
         log.info("stopped firing shard %d to give it back", shard,
                  extra={"action": "shard_stopped", "shard": shard})
-        self._writers.submit(self._finish_give_back, owned)
+        self._submit(self._writers, self._finish_give_back, owned, on_error=partial(self._give_up_lease, owned.lease))
 
     def _stop_reading(self, shard: int) -> None:
         try:
@@ -443,8 +496,7 @@ class Dispatcher:
                 self.store.advance_shard(owned.shard, owned.token, through)
         except SchedulerError as exc:
             log.warning("final cursor of shard %d not written: %s", owned.shard, exc)
-        self.coordinator.release(owned.lease)
-        self._forget_lease(owned.shard)
+        self._give_up_lease(owned.lease)
         self.stats.given_back += 1
         log.info("gave shard %d back (cursor %d)", owned.shard, through,
                  extra={"action": "shard_given_back", "shard": owned.shard})
@@ -457,8 +509,7 @@ class Dispatcher:
             self._stop_reading(shard)
             self.stats.leases_lost += 1
             log.warning("stopped firing shard %d: %s", shard, why, extra={"action": "shard_dropped", "shard": shard})
-        self.coordinator.release(lease)
-        self._forget_lease(shard)
+        self._give_up_lease(lease)
 
     # The fire loop.
 
@@ -496,21 +547,28 @@ class Dispatcher:
     def _tick(self) -> None:
         now = self.clock()
         self._read_handoffs()
-        if self._pending:
-            if now < self._retry_at_ms:
-                return
-            self._publish_pending()
-            if self._pending:
-                return
-        self._fire(now)
+        if self._pending and (now < self._retry_at_ms or not self._publish_pending()):
+            self._check_give_up(now)
+            return
+        polled = self._fire(now)
         if not self._pending:
-            # Every record read so far is now fired and flushed, or waits in a wheel at
-            # a time after the cursor (where a new owner's read of the store finds it).
-            self._ready_positions = dict(self._positions)
+            # Every record of these shards read so far is now fired and flushed, or waits
+            # in the wheel after the cursor, where a new owner's read of the store finds it.
+            for shard in polled:
+                if shard in self._positions:
+                    self._ready_positions[shard] = self._positions[shard]
+        self._check_give_up(now)
         self._schedule_reads(now)
         self._advance_cursors(now)
         self._commit_handoffs(now)
         self._write_stats(now)
+
+    def _check_give_up(self, now: int) -> None:
+        since = self._failing_since_ms
+        if since is not None and now - since > self.config.publish_give_up_s * 1000 and self.failed is None:
+            self.failed = f"nothing could be published for {self.config.publish_give_up_s:.0f} s"
+            log.error("%s: giving every shard back and stopping", self.failed, extra={"action": "give_up"})
+            self.stop()
 
     def _read_handoffs(self) -> None:
         if not self.shards:
@@ -526,23 +584,25 @@ class Dispatcher:
                 continue
             try:
                 item = handoff.decode(record.value)
-            except InvalidMessage as exc:
-                self.stats.bad_handoffs += 1
-                log.error("skipped a bad hand-off record at shard %d offset %d: %s", record.shard, record.offset, exc,
-                          extra={"action": "bad_handoff"})
-            else:
                 if isinstance(item, handoff.HandedTask):
-                    if item.task.id.shard(self.shard_count) == record.shard and owned.handed_task(item.task):
+                    if item.task.id.shard(self.shard_count) != record.shard:
+                        raise InvalidMessage(f"the task belongs to shard {item.task.id.shard(self.shard_count)}")
+                    if owned.handed_task(item.task):
                         self.stats.handed_tasks += 1
                 else:
                     self.stats.handed_cancels += 1
                     owned.handed_cancel(item.task_id.bytes, item.task_id.run_at_ms)
+            except Exception as exc:  # one bad record must not stop the shard, nor its next owner
+                self.stats.bad_handoffs += 1
+                log.error("skipped a bad hand-off record at shard %d offset %d: %s", record.shard, record.offset, exc,
+                          extra={"action": "bad_handoff"})
             self._positions[record.shard] = record.offset + 1
 
-    def _fire(self, now: int) -> None:
+    def _fire(self, now: int) -> set[int]:
+        """Fire what is due in every shard whose lease is valid; returns those shards."""
+        polled: set[int] = set()
         if self._session is SessionState.SUSPENDED:
-            return  # the leases may yet survive: keep the shards, fire nothing
-        batches: dict[int, FireBatch] = {}
+            return polled  # the leases may yet survive: keep the shards, fire nothing
         for shard, owned in list(self.shards.items()):
             if not self.coordinator.is_valid(owned.lease):
                 session = self._session_now()  # another thread may have changed it since the check above
@@ -550,53 +610,69 @@ class Dispatcher:
                     self._drop(shard, f"its lease is no longer valid (session {session.value})", owned.lease)
                 continue
             batch = owned.fire(now)
-            if batch.count or batch.skipped_cancelled:
-                batches[shard] = batch
-                self.stats.skipped_cancelled += batch.skipped_cancelled
+            polled.add(shard)
+            self.stats.skipped_cancelled += batch.skipped_cancelled
+            self.stats.duplicates_dropped += batch.duplicates
+            if batch.by_tag:
+                self._pending.append((shard, owned.token, batch))
             else:
-                owned.flushed_through_ms = max(owned.flushed_through_ms, batch.fired_through_ms)
-        if batches:
-            self._pending.append(batches)
+                owned.flushed(batch)
+        if self._pending:
             self._publish_pending()
+        return polled
 
-    def _publish_pending(self) -> None:
-        """Publish and flush every pending batch; on failure keep them to publish again."""
+    def _publish_pending(self) -> bool:
+        """Publish and flush the pending batches of shards whose lease is valid; on failure
+        keep them to publish again. A batch of a shard since dropped is discarded: its
+        next owner fires it again from the cursor. True when nothing is left pending."""
+        sending: list[tuple[int, int, FireBatch]] = []
+        keeping: list[tuple[int, int, FireBatch]] = []
+        for shard, token, batch in self._pending:
+            owned = self._current(shard, token)
+            if owned is None:
+                continue
+            (sending if self.coordinator.is_valid(owned.lease) else keeping).append((shard, token, batch))
         try:
-            for batches in self._pending:
+            if sending:
                 by_topic: dict[str, list[bytes]] = {}
-                for shard, batch in batches.items():
-                    owned = self.shards.get(shard)
-                    if owned is None or not self.coordinator.is_valid(owned.lease):
-                        continue
+                for _, _, batch in sending:
                     for tag, values in batch.by_tag.items():
                         by_topic.setdefault(self.topics[tag], []).extend(values)
                 for topic, values in by_topic.items():
                     self.publisher.publish(topic, values)
-            self.publisher.flush(self.config.flush_timeout_s)
+                self.publisher.flush(self.config.flush_timeout_s)
         except QueueError as exc:
             self.stats.publish_failures += 1
+            now = self.clock()
+            if self._failing_since_ms is None:
+                self._failing_since_ms = now
             self._backoff_ms = min(max(self._backoff_ms * 2, 100), 5000)
-            self._retry_at_ms = self.clock() + self._backoff_ms
+            self._retry_at_ms = now + self._backoff_ms
             log.warning("publishing failed: %s; publishing again in %d ms", exc, self._backoff_ms,
                         extra={"action": "publish_failed"})
-            return
+            self._pending = keeping + sending
+            return False
         self._backoff_ms = 0
-        for batches in self._pending:
-            for shard, batch in batches.items():
-                self.stats.fired += batch.count
-                owned = self.shards.get(shard)
-                if owned is not None:
-                    owned.flushed(batch)
-        self._pending.clear()
+        self._failing_since_ms = None
+        for shard, token, batch in sending:
+            self.stats.fired += batch.count
+            owned = self._current(shard, token)
+            if owned is not None:
+                owned.flushed(batch)
+        self._pending = keeping
+        return not keeping
 
     def _schedule_reads(self, now: int) -> None:
-        for owned in self.shards.values():
+        for shard, owned in self.shards.items():
+            token = owned.token
             for bucket in owned.buckets_to_load(now, self.config.lookahead_ms):
                 owned.requested_buckets.add(bucket)
-                self._readers.submit(self._load_bucket, owned, bucket)
+                self._submit(self._readers, self._load_bucket, owned, bucket,
+                             on_error=partial(self._post, partial(self._bucket_failed, shard, token, bucket)))
             for k in owned.slices_to_verify(now, self.config.verify_lead_ms):
-                owned.counting.add(k)
-                self._readers.submit(self._count_slice, owned, k)
+                owned.ask_count(k)
+                self._submit(self._readers, self._count_slice, owned, k,
+                             on_error=partial(self._post, partial(self._slice_failed, shard, token, k)))
 
     def _advance_cursors(self, now: int) -> None:
         for shard, owned in self.shards.items():
@@ -606,7 +682,8 @@ class Dispatcher:
             if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
                 self._advancing.add(shard)
                 self._last_advance_ms[shard] = now
-                self._writers.submit(self._advance, shard, owned.lease, through)
+                self._submit(self._writers, self._advance, shard, owned.lease, through,
+                             on_error=partial(self._post, partial(self._advanced, shard, owned.lease, None)))
 
     def _commit_handoffs(self, now: int) -> None:
         if now - self._last_commit_ms < self.config.commit_interval_ms:
@@ -628,7 +705,10 @@ class Dispatcher:
         if path is None or now - self._last_stats_ms < self.config.stats_interval_ms:
             return
         self._last_stats_ms = now
-        write_json(path, self.snapshot())
+        try:
+            write_json(path, self.snapshot())
+        except OSError as exc:
+            log.warning("could not write the stats file %s: %s", path, exc)
 
     def snapshot(self) -> dict[str, Any]:
         """What this dispatcher holds and has done, as one JSON-able document."""

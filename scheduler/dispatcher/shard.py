@@ -12,9 +12,13 @@ the cursor written to the store is the least of three frontiers:
   just before it fell due, and read again if the store held rows the shard had not
   seen (a write that landed after its bucket was read and never reached the hand-off).
 
-Rows seen per slice are counted whether they fire or not (cancelled, finished), and a
-task is counted once however often it arrives (read, handed off, read again), so a
-store count above the seen count means exactly "a row is missing here".
+A task may reach the wheel twice (read from the store, and handed off); both copies
+share a run_at, hence a slot, and the second is dropped when the slot fires. Rows are
+told apart by `(id, run_at)`, since a retry is the same id at a later run_at. To count a
+slice exactly, the shard counts the distinct rows its wheel holds for it when the count
+is asked for, plus the rows that were read but must not fire (finished, already
+reported) and those fired before the slice was verified; a store count above that is
+exactly "a row is missing here". The re-read merges rows by the same key.
 
 A slice is not fired before it is verified, unless its verification is later than
 `verify_grace_ms` past the slice's end: then it fires anyway (on time matters more than
@@ -24,7 +28,6 @@ the rare merge), and the cursor still waits for the verification.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -43,6 +46,10 @@ LONG_TAG = 3
 CANCEL_MEMORY_MS = 3 * BUCKET_MS
 """How long after its run_at a handed-off cancel is remembered (cancels of retry copies,
 due later, are the worker's to honour: it checks the task's home row)."""
+
+
+Key = tuple[int, bytes]
+"""A row: `(run_at_ms, id bytes)`; a retry copy is the same id at a later run_at."""
 
 
 def slice_of(run_at_ms: int) -> int:
@@ -91,6 +98,7 @@ class FireBatch:
     fired_through_ms: int
     count: int
     skipped_cancelled: int
+    duplicates: int = 0
 
 
 @dataclass
@@ -103,26 +111,27 @@ class OwnedShard:
     long_types: frozenset[str] = frozenset()
     tick_ms: int = 100
     verify_grace_ms: int = 1000
+    max_loading_buckets: int = 2
+    """Bucket reads in flight at once, so a shard far behind catches up in order."""
     wheel: TimingWheel = field(init=False)
     flushed_through_ms: int = field(init=False)
     loaded_through_ms: int = field(init=False)
     verified_through_ms: int = field(init=False)
     persisted_ms: int = field(init=False)
     requested_buckets: set[int] = field(default_factory=set)
-    """Buckets whose read has been asked for (in progress or done)."""
+    """Buckets at or after the loaded frontier whose read has been asked for."""
     completed_buckets: set[int] = field(default_factory=set)
-    seen: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    """slice -> rows known in it."""
-    known: dict[int, set[bytes]] = field(default_factory=lambda: defaultdict(set))
-    """bucket -> ids that arrived by hand-off or slice re-read, so the bucket's own read
-    (or a replayed hand-off) does not count or fire them twice. Ids of the bulk read are
-    not kept here (that would cost memory per task); a hand-off after them looks in the
-    wheel's slot instead."""
+    skipped: dict[int, set[Key]] = field(default_factory=dict)
+    """slice -> rows read that must not fire; they count as seen until it is verified."""
+    fired_early: dict[int, set[Key]] = field(default_factory=dict)
+    """slice -> rows fired before the slice was verified (past its grace)."""
+    counting: dict[int, int] = field(default_factory=dict)
+    """slice -> rows seen when its count was asked for (the count or re-read in flight)."""
+    verified_slices: set[int] = field(default_factory=set)
+    """Verified slices beyond the verified frontier."""
     cancelled: dict[bytes, int] = field(default_factory=dict)
     """id -> run_at of handed-off cancels."""
-    counting: set[int] = field(default_factory=set)
-    """Slices whose count (or re-read) is in flight."""
-    verified_slices: set[int] = field(default_factory=set)
+    verify_retry_at_ms: int = 0
 
     def __post_init__(self) -> None:
         if SLICE_MS % self.tick_ms:
@@ -143,19 +152,27 @@ class OwnedShard:
     # Reads to ask for.
 
     def buckets_to_load(self, now_ms: int, lookahead_ms: int) -> list[int]:
-        """Buckets not yet asked for from the cursor's bucket through the one holding
-        `now + lookahead`, oldest first (a shard taken late catches up bucket by bucket)."""
-        first = minute_bucket(self.start_ms + 1)
+        """Buckets to read next, oldest first, from the loaded frontier through the one
+        holding `now + lookahead`, at most `max_loading_buckets` in flight."""
+        room = self.max_loading_buckets - len(self.requested_buckets - self.completed_buckets)
+        wanted: list[int] = []
+        bucket = minute_bucket(self.loaded_through_ms + 1)
         last = minute_bucket(max(now_ms, self.start_ms + 1) + lookahead_ms)
-        return [b for b in range(first, last + 1, BUCKET_MS) if b not in self.requested_buckets]
+        while bucket <= last and len(wanted) < room:
+            if bucket not in self.requested_buckets:
+                wanted.append(bucket)
+            bucket += BUCKET_MS
+        return wanted
 
     def slices_to_verify(self, now_ms: int, lead_ms: int) -> list[int]:
         """Slices from the verified frontier whose start is within `lead_ms` of now and whose
-        bucket has been read, not yet counted or in flight."""
+        bucket has been read, not verified nor in flight."""
         slices: list[int] = []
+        if now_ms < self.verify_retry_at_ms:
+            return slices
         k = slice_of(self.verified_through_ms + 1)
         while k * SLICE_MS <= now_ms + lead_ms and len(slices) < 200:
-            if minute_bucket(k * SLICE_MS) not in self.completed_buckets:
+            if k * SLICE_MS + SLICE_MS - 1 > self.loaded_through_ms:
                 break
             if k not in self.verified_slices and k not in self.counting:
                 slices.append(k)
@@ -166,30 +183,40 @@ class OwnedShard:
         """The store range `(after, through]` that slice `k` covers for this shard."""
         return max(k * SLICE_MS - 1, self.start_ms), k * SLICE_MS + SLICE_MS - 1
 
+    def slice_keys(self, k: int) -> set[Key]:
+        """Every row of slice `k` the shard knows of: waiting in the wheel, read but not to
+        fire, or fired before the slice was verified. O(rows of the slice)."""
+        after, through = self.count_range(k)
+        keys: set[Key] = set(self.skipped.get(k, ()))
+        keys.update(self.fired_early.get(k, ()))
+        wheel = self.wheel
+        slot_start = (after + 1) - (after + 1) % self.tick_ms
+        starts = [wheel.fired_through_ms] if slot_start <= wheel.fired_through_ms else []
+        starts += range(max(slot_start, wheel.fired_through_ms + 1), through + 1, self.tick_ms)
+        for at in starts:
+            for run_at, _, item in wheel.items_in_slot(at):
+                if after < run_at <= through:
+                    keys.add((run_at, item[MESSAGE_ID_SLICE]))
+        return keys
+
+    def ask_count(self, k: int) -> None:
+        self.counting[k] = len(self.slice_keys(k))
+
     # Results coming in.
 
-    def add_rows(self, rows: Iterable[Row], *, from_bulk: bool) -> int:
-        """Merge rows read from the store; returns how many entered the wheel. Bulk rows
-        skip ids that arrived by other paths; re-read rows also skip ids the wheel holds."""
+    def add_rows(self, rows: Iterable[Row]) -> int:
+        """Add rows read from the store; returns how many entered the wheel."""
         added = 0
         wheel = self.wheel
-        known = self.known
+        start = self.start_ms
         for row in rows:
-            if row.run_at_ms <= self.start_ms:
+            if row.run_at_ms <= start:
                 continue
-            ids = known.get(minute_bucket(row.run_at_ms))
-            if ids is not None and row.id in ids:
-                continue
-            if not from_bulk:
-                if self._in_wheel(row):
-                    continue
-                known[minute_bucket(row.run_at_ms)].add(row.id)
-            elif row.run_at_ms <= wheel.fired_through_ms:
-                known[minute_bucket(row.run_at_ms)].add(row.id)  # overdue: a late hand-off must not repeat it
-            self.seen[slice_of(row.run_at_ms)] += 1
             if row.message is not None:
                 wheel.add(row.run_at_ms, row.tag, row.message)
                 added += 1
+            else:
+                self.skipped.setdefault(slice_of(row.run_at_ms), set()).add((row.run_at_ms, row.id))
         return added
 
     def bucket_loaded(self, bucket: int, read_started_ms: int) -> None:
@@ -205,66 +232,89 @@ class OwnedShard:
         while minute_bucket(through + 1) in self.completed_buckets:
             through = minute_bucket(through + 1) + BUCKET_MS - 1
         self.loaded_through_ms = through
+        done = {b for b in self.completed_buckets if b + BUCKET_MS - 1 <= through}
+        self.completed_buckets -= done
+        self.requested_buckets -= done
+
+    def bucket_failed(self, bucket: int) -> None:
+        """The read gave up: ask for it again on a later tick."""
+        self.requested_buckets.discard(bucket)
 
     def slice_counted(self, k: int, stored: int) -> bool:
         """Take the store's count of slice `k`; True if the slice must be read again."""
-        self.counting.discard(k)
-        if stored > self.seen.get(k, 0):
-            self.counting.add(k)  # stays in flight until the re-read is merged
-            return True
+        seen = self.counting.get(k)
+        if seen is None:
+            return False
+        if stored > seen:
+            return True  # stays in `counting` until the re-read is merged
+        del self.counting[k]
         self._slice_verified(k)
         return False
 
+    def slice_failed(self, k: int, retry_at_ms: int) -> None:
+        self.counting.pop(k, None)
+        self.verify_retry_at_ms = retry_at_ms
+
     def slice_reread(self, k: int, rows: Iterable[Row]) -> int:
-        added = self.add_rows(rows, from_bulk=False)
-        self.counting.discard(k)
+        """Merge the rows of a re-read slice that the shard has not seen; returns how many
+        entered the wheel."""
+        keys = self.slice_keys(k)
+        fresh = [row for row in rows if (row.run_at_ms, row.id) not in keys]
+        added = self.add_rows(fresh)
+        self.counting.pop(k, None)
         self._slice_verified(k)
         return added
 
     def _slice_verified(self, k: int) -> None:
         self.verified_slices.add(k)
         while slice_of(self.verified_through_ms + 1) in self.verified_slices:
-            self.verified_through_ms = (slice_of(self.verified_through_ms + 1) + 1) * SLICE_MS - 1
+            done = slice_of(self.verified_through_ms + 1)
+            self.verified_slices.discard(done)
+            self.skipped.pop(done, None)
+            self.fired_early.pop(done, None)
+            self.verified_through_ms = (done + 1) * SLICE_MS - 1
 
     def handed_task(self, task: Task) -> bool:
-        """Merge a handed-off task; True if it entered the wheel. Ignored when its bucket
-        has not been asked for yet (that read will find it); fired at once if overdue."""
-        bucket = minute_bucket(task.run_at_ms)
-        if task.run_at_ms > self.start_ms and bucket not in self.requested_buckets:
+        """Take a handed-off task; True if it entered the wheel. Ignored when its bucket
+        has not been asked for yet (that read will find it); fired at once if overdue.
+        A copy of a row already read is dropped when its slot fires."""
+        if task.run_at_ms > self.start_ms and minute_bucket(task.run_at_ms) not in self.requested_buckets \
+                and task.run_at_ms > self.loaded_through_ms:
             return False
-        ids = self.known[bucket]
-        row = Row(task.run_at_ms, task.id.bytes, tag_for(task, self.long_types), None)
-        if row.id in ids or (task.run_at_ms > self.wheel.fired_through_ms and self._in_wheel(row)):
-            return False
-        ids.add(row.id)
-        self.seen[slice_of(task.run_at_ms)] += 1
-        self.wheel.add(task.run_at_ms, row.tag, encode_message(task, self.token))
+        self.wheel.add(task.run_at_ms, tag_for(task, self.long_types), encode_message(task, self.token))
         return True
 
     def handed_cancel(self, task_id: bytes, run_at_ms: int) -> None:
         self.cancelled[task_id] = run_at_ms
 
-    def _in_wheel(self, row: Row) -> bool:
-        return any(item[MESSAGE_ID_SLICE] == row.id for _, _, item in self.wheel.items_in_slot(row.run_at_ms))
-
     # Firing.
 
     def fire(self, now_ms: int) -> FireBatch:
         """Take what is due from the wheel, never past a slice still being verified
-        (within its grace), and drop what was cancelled."""
+        (within its grace); drop second copies and what was cancelled."""
         entries = self.wheel.poll(self.fire_limit(now_ms))
         by_tag: dict[int, list[bytes]] = {}
-        skipped = 0
+        skipped = duplicates = 0
         cancelled = self.cancelled
-        for _, tag, item in entries:
-            if cancelled and item[MESSAGE_ID_SLICE] in cancelled:
+        verified_through = self.verified_through_ms
+        seen: set[Key] = set()
+        for run_at, tag, item in entries:
+            key = (run_at, item[MESSAGE_ID_SLICE])
+            if key in seen:
+                duplicates += 1
+                continue
+            seen.add(key)
+            if run_at > verified_through and run_at > self.start_ms:
+                self.fired_early.setdefault(slice_of(run_at), set()).add(key)
+            if cancelled and key[1] in cancelled:
                 skipped += 1
                 continue
             values = by_tag.get(tag)
             if values is None:
                 values = by_tag[tag] = []
             values.append(item)
-        return FireBatch(by_tag, self.wheel.fired_through_ms, len(entries) - skipped, skipped)
+        count = len(entries) - skipped - duplicates
+        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates)
 
     def fire_limit(self, now_ms: int) -> int:
         """How far the wheel may fire at `now_ms`: up to the first slice that is neither
@@ -279,15 +329,9 @@ class OwnedShard:
     def flushed(self, batch: FireBatch) -> None:
         """The queue acknowledged `batch`: move the flushed frontier and forget what is old."""
         self.flushed_through_ms = max(self.flushed_through_ms, batch.fired_through_ms)
-        horizon = self.flushed_through_ms - CANCEL_MEMORY_MS
-        if self.cancelled and len(self.cancelled) > 1000:
+        if len(self.cancelled) > 1000:
+            horizon = self.flushed_through_ms - CANCEL_MEMORY_MS
             self.cancelled = {key: at for key, at in self.cancelled.items() if at > horizon}
-        for bucket in [b for b in self.known if b + 2 * BUCKET_MS <= self.flushed_through_ms]:
-            del self.known[bucket]
-        old_slices = [k for k in self.seen if (k + 1) * SLICE_MS + BUCKET_MS <= self.verified_through_ms]
-        for k in old_slices:
-            del self.seen[k]
-            self.verified_slices.discard(k)
 
     def cursor_candidate(self) -> int:
         """How far the store's cursor may move now."""

@@ -253,3 +253,11 @@ def test_inserting_a_task_again_without_its_key_keeps_the_key(store: TaskStore) 
 def test_a_page_size_below_one_is_refused(store: TaskStore) -> None:
     with pytest.raises(ValueError, match="page_size"):
         list(store.read_partition(Partition(NINE_OCLOCK_MS, 0), page_size=0))
+
+
+def test_the_store_records_when_it_was_created(store: TaskStore) -> None:
+    import time
+
+    created = store.created_ms
+    assert created is not None
+    assert 0 <= time.time_ns() // 1_000_000 - created < 3_600_000

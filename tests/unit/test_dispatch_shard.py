@@ -30,15 +30,15 @@ def tasks_at(*offsets_ms: int, shard: int = 1, **fields: object) -> list[Task]:
 
 def load(state: OwnedShard, tasks: list[Task], bucket: int = T0, read_started_ms: int = T0 - 60_000) -> None:
     state.requested_buckets.add(bucket)
-    state.add_rows(rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in tasks], TOKEN, state.long_types),
-                   from_bulk=True)
+    state.add_rows(rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in tasks], TOKEN, state.long_types))
     state.bucket_loaded(bucket, read_started_ms)
 
 
 def verify_all(state: OwnedShard, through_ms: int) -> None:
     k = (state.verified_through_ms + 1) // SLICE_MS
     while k * SLICE_MS <= through_ms:
-        assert not state.slice_counted(k, state.seen.get(k, 0))
+        state.ask_count(k)
+        assert not state.slice_counted(k, len(state.slice_keys(k)))
         k += 1
 
 
@@ -80,11 +80,10 @@ def test_a_task_both_loaded_and_handed_off_fires_once_whichever_comes_first() ->
     state.requested_buckets.add(T0)
     assert state.handed_task(first)  # the hand-off overtakes the bucket read
     load(state, [first, second])
-    assert not state.handed_task(second)  # and the other way round
-    verify_all(state, T0 + 10_000)
+    assert state.handed_task(second)  # and the other way round: the copy waits in the same slot
 
+    assert len(state.slice_keys((T0 + 5_000) // SLICE_MS)) == 1  # two copies in the wheel, one row
     assert sorted(fired_ids(state, T0 + 10_000)) == sorted([first.id.bytes, second.id.bytes])
-    assert state.seen[(T0 + 5_000) // SLICE_MS] == 1
 
 
 def test_an_overdue_hand_off_fires_at_the_next_pass_and_a_future_bucket_is_left_to_its_read() -> None:
@@ -107,6 +106,7 @@ def test_a_slice_waits_for_its_count_and_a_missing_row_is_merged_before_it_fires
 
     assert fired_ids(state, T0 + 2_500) == []  # slice 2 s is not verified yet
     k = (T0 + 2_000) // SLICE_MS
+    state.ask_count(k)
     assert state.slice_counted(k, 2)  # the store holds one more row than the shard saw
     assert fired_ids(state, T0 + 2_500) == []
     state.slice_reread(k, rows_from([StoredTask(loaded, TaskStatus.SCHEDULED), StoredTask(missed, TaskStatus.SCHEDULED)],
@@ -138,6 +138,7 @@ def test_the_cursor_is_the_least_of_flushed_loaded_and_verified() -> None:
 
 def test_buckets_load_from_the_cursor_through_one_minute_ahead() -> None:
     state = owned(start_ms=T0 - 2 * BUCKET_MS + 5)
+    state.max_loading_buckets = 10
     assert state.buckets_to_load(T0 + 1, BUCKET_MS) == [T0 - 2 * BUCKET_MS, T0 - BUCKET_MS, T0, T0 + BUCKET_MS]
     state.requested_buckets.update(state.buckets_to_load(T0 + 1, BUCKET_MS))
     assert state.buckets_to_load(T0 + BUCKET_MS, BUCKET_MS) == [T0 + 2 * BUCKET_MS]
@@ -156,8 +157,8 @@ def test_rows_reported_on_or_finished_do_not_fire_but_count_as_seen() -> None:
     done, waiting = tasks_at(100, 200)
     state.requested_buckets.add(T0)
     added = state.add_rows(rows_from([StoredTask(done, TaskStatus.DONE, 1), StoredTask(waiting, TaskStatus.SCHEDULED)],
-                                     TOKEN, state.long_types), from_bulk=True)
-    assert added == 1 and state.seen[T0 // SLICE_MS] == 2
+                                     TOKEN, state.long_types))
+    assert added == 1 and len(state.slice_keys(T0 // SLICE_MS)) == 2
 
 
 def test_long_task_types_go_to_the_long_tag_and_others_by_priority() -> None:
@@ -172,4 +173,57 @@ def test_rows_at_or_before_the_start_cursor_are_ignored() -> None:
     state.requested_buckets.add(T0)
     old, new = tasks_at(500, 501)
     rows = [Row(t.run_at_ms, t.id.bytes, 1, b"m") for t in (old, new)]
-    assert state.add_rows(rows, from_bulk=True) == 1
+    assert state.add_rows(rows) == 1
+
+
+def test_a_count_is_compared_with_what_was_seen_when_it_was_asked_for() -> None:
+    state = owned(start_ms=T0 - 1)
+    present, missed, late = tasks_at(2_100, 2_200, 2_300)
+    load(state, [present])
+    verify_all(state, T0 + 1_999)
+    k = (T0 + 2_000) // SLICE_MS
+    state.ask_count(k)  # the shard knows 1 row; the store holds `present` and `missed`
+    assert state.handed_task(late)  # a hand-off lands while the count is in flight
+    assert state.slice_counted(k, 2)  # 2 > 1: read again, though the shard now knows 2 rows
+    rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (present, missed, late)], TOKEN, state.long_types)
+    assert state.slice_reread(k, rows) == 1  # only `missed` was new
+    assert sorted(fired_ids(state, T0 + 3_000)) == sorted(t.id.bytes for t in (present, missed, late))
+
+
+def test_a_retry_copy_is_a_row_of_its_own() -> None:
+    state = owned(start_ms=T0 - 1)
+    [home] = tasks_at(2_000)
+    retry = Task(id=home.id, tenant=home.tenant, type=home.type, payload=home.payload, run_at_ms=T0 + 2_500,
+                 attempt=2)
+    state.requested_buckets.add(T0)
+    assert state.handed_task(home)
+    load(state, [retry])
+    assert len(state.slice_keys((T0 + 2_000) // SLICE_MS)) == 2
+    verify_all(state, T0 + 2_999)
+    assert fired_ids(state, T0 + 3_000) == [home.id.bytes, home.id.bytes]
+
+
+def test_a_slice_fired_before_its_count_is_not_fired_again_by_the_re_read() -> None:
+    state = owned(start_ms=T0 - 1)
+    present, missed = tasks_at(2_100, 2_200)
+    load(state, [present])
+    verify_all(state, T0 + 1_999)
+    assert fired_ids(state, T0 + 4_000) == [present.id.bytes]  # past grace: fired unverified
+    k = (T0 + 2_000) // SLICE_MS
+    state.ask_count(k)
+    assert state.slice_counted(k, 2)
+    rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (present, missed)], TOKEN, state.long_types)
+    assert state.slice_reread(k, rows) == 1
+    assert fired_ids(state, T0 + 4_100) == [missed.id.bytes]
+    assert state.cursor_candidate() == T0 + 2_999  # slice 3 s is not counted yet
+
+
+def test_buckets_load_in_order_a_few_at_a_time() -> None:
+    state = owned(start_ms=T0 - 10 * BUCKET_MS)
+    first = state.buckets_to_load(T0, BUCKET_MS)
+    assert first == [T0 - 10 * BUCKET_MS, T0 - 9 * BUCKET_MS]
+    state.requested_buckets.update(first)
+    assert state.buckets_to_load(T0, BUCKET_MS) == []  # two reads in flight already
+    state.bucket_loaded(first[0], T0)
+    assert state.buckets_to_load(T0, BUCKET_MS) == [T0 - 8 * BUCKET_MS]
+    assert state.loaded_through_ms == T0 - 9 * BUCKET_MS - 1

@@ -11,6 +11,7 @@ every task's shard, and so its partition, depends on it.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from importlib import resources
 
@@ -96,6 +97,11 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
             f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('shard_count', %s) IF NOT EXISTS",
             (str(settings.shard_count),),
         ).one()
+        # No task can be older than this: a shard never fired starts from here.
+        session.execute(
+            f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('created_ms', %s) IF NOT EXISTS",
+            (str(time.time_ns() // 1_000_000),),
+        )
     except DRIVER_ERRORS as exc:
         raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}") from exc
     if not row.applied and int(row.value) != settings.shard_count:

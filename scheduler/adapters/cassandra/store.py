@@ -132,6 +132,7 @@ class CassandraTaskStore:
                 "has `scheduler schema apply` been run for it?"
             ) from exc
         rows.check_insert_columns(self._q["insert_task"])
+        self._created_ms: int | None = None
 
     @classmethod
     def open(cls, settings: CassandraSettings, **options: Any) -> CassandraTaskStore:
@@ -143,7 +144,9 @@ class CassandraTaskStore:
                 raise SchemaConflict(
                     f"keyspace {settings.keyspace!r} was created with {recorded} shards, not {settings.shard_count}"
                 )
-            return cls(connection, settings.keyspace, recorded, owns_connection=True, **options)
+            store = cls(connection, settings.keyspace, recorded, owns_connection=True, **options)
+            store._created_ms = recorded_created_ms(connection, settings.keyspace)
+            return store
         except BaseException:
             connection.close()
             raise
@@ -151,6 +154,10 @@ class CassandraTaskStore:
     @property
     def shard_count(self) -> int:
         return self._shard_count
+
+    @property
+    def created_ms(self) -> int | None:
+        return self._created_ms
 
     # Writes on the submit path.
 
@@ -373,6 +380,15 @@ def recorded_shard_count(connection: CassandraConnection, keyspace: str) -> int:
     if row is None:
         raise StoreError(f"keyspace {keyspace!r} records no shard count; run `scheduler schema apply`")
     return int(row.value)
+
+
+def recorded_created_ms(connection: CassandraConnection, keyspace: str) -> int | None:
+    """When `scheduler schema apply` first ran on `keyspace` (None if it did not record it)."""
+    try:
+        row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'created_ms'").one()
+    except DRIVER_ERRORS as exc:
+        raise StoreError(f"reading keyspace {keyspace!r}'s creation time failed: {_describe(exc)}") from exc
+    return int(row.value) if row is not None else None
 
 
 def _tuple_profile(connection: CassandraConnection) -> Any:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -132,7 +133,9 @@ class SqliteTaskStore:
                     if statement.strip():
                         db.execute(statement)
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('shard_count', ?)", (str(shard_count),))
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('created_ms', ?)", (str(time.time_ns() // 1_000_000),))
                 (recorded,) = db.execute("SELECT value FROM meta WHERE name = 'shard_count'").fetchone()
+                (created,) = db.execute("SELECT value FROM meta WHERE name = 'created_ms'").fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the embedded store at {path}: {exc}") from exc
         if int(recorded) != shard_count:
@@ -142,11 +145,16 @@ class SqliteTaskStore:
                 "every task's partition depends on the count, so it cannot change"
             )
         self._shard_count = shard_count
+        self._created_ms = int(created)
         self.path = str(path)
 
     @property
     def shard_count(self) -> int:
         return self._shard_count
+
+    @property
+    def created_ms(self) -> int | None:
+        return self._created_ms
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
