@@ -393,7 +393,8 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
 @cli.command()
 @click.option("--shards", "shards", default="auto", envvar="SCHEDULER_DISPATCHER_SHARDS", show_envvar=True,
               show_default=True, help="auto: share the shards with the other live dispatchers; or pin ranges "
-              "such as 0-15 or 0-7,32-39.")
+              "such as 0-15 or 0-7,32-39 (then every dispatcher of the deployment should pin its "
+              "range: auto members count pinned ones in their split).")
 @click.option("--member", "member", envvar="SCHEDULER_MEMBER", show_envvar=True,
               help="This dispatcher's name among the members; unique. Default: host name and process id.")
 @click.option("--zookeeper", "zookeeper_hosts", default=ZooKeeperSettings().hosts, envvar="SCHEDULER_ZOOKEEPER_HOSTS",
@@ -453,6 +454,9 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
         logging.getLogger("scheduler.dispatcher").info(
             "dispatcher %s started: shards %s, backend %s", name, shards, backend)
         runner.run()
+    if runner.failed is not None:
+        click.echo(f"error: dispatcher {name} stopped: {runner.failed}", err=True)
+        raise click.exceptions.Exit(Exit.FAILURE)
 
 
 @cli.command()
