@@ -396,7 +396,8 @@ version and the bin header), so a dispatcher can check an id without decoding.""
 
 def encode_message(task: Task, fence: int) -> bytes:
     """The queue message for `task` fired under `fence`: a msgpack array, ~30 bytes plus
-    the tenant, type, key and payload."""
+    the tenant, type, key and payload. `run_at` travels as its distance from the time
+    the id carries, which is 0 (one byte) for every first attempt."""
     message: bytes = msgpack.packb(
         [
             MESSAGE_VERSION,
@@ -404,7 +405,7 @@ def encode_message(task: Task, fence: int) -> bytes:
             task.tenant,
             task.type,
             task.priority.code,
-            task.run_at_ms,
+            task.run_at_ms - task.id.run_at_ms,  # 0 for a first attempt: one byte, not nine
             task.attempt,
             task.max_attempts,
             fence,
@@ -428,16 +429,18 @@ def decode_message(data: bytes) -> Message:
         raise InvalidMessage(f"unsupported message version {fields[0]!r} (this worker reads {MESSAGE_VERSION})")
     if len(fields) != 11:
         raise InvalidMessage(f"message has {len(fields)} fields, expected 11")
-    _, id_bytes, tenant, type_, priority, run_at_ms, attempt, max_attempts, fence, key, payload = fields
-    if not isinstance(id_bytes, bytes) or not isinstance(payload, bytes) or not isinstance(fence, int):
-        raise InvalidMessage("message fields have the wrong types (id, payload or fence)")
+    _, id_bytes, tenant, type_, priority, run_at_delta, attempt, max_attempts, fence, key, payload = fields
+    if not isinstance(id_bytes, bytes) or not isinstance(payload, bytes) or not isinstance(fence, int) \
+            or not isinstance(run_at_delta, int):
+        raise InvalidMessage("message fields have the wrong types (id, payload, run_at or fence)")
     try:
+        task_id = TaskId.from_bytes(id_bytes)
         task = Task(
-            id=TaskId.from_bytes(id_bytes),
+            id=task_id,
             tenant=tenant,
             type=type_,
             payload=payload,
-            run_at_ms=run_at_ms,
+            run_at_ms=task_id.run_at_ms + run_at_delta,
             priority=Priority.from_code(priority),
             attempt=attempt,
             max_attempts=max_attempts,
