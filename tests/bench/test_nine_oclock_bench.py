@@ -1,0 +1,105 @@
+"""`bench/nine_oclock.py` documents its options, and runs end to end at a tiny scale on
+the real servers: every task it stored is published, none before its time, its
+dispatchers are stopped and its keyspace, topics and ZooKeeper root are removed. (Its
+figures are not asserted: timings belong in the bench, not in tests.)
+
+Most of the run is the wait for the burst minute: the tasks are due at the first
+minute boundary at least `--lead-s` after the ingest, so the test takes 30 to 90 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kazoo.client import KazooClient
+
+from scheduler.adapters.cassandra.connection import CassandraConnection
+from tests.cluster import Cluster
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "nine_oclock.py"
+TASKS = 2000
+
+
+def run_bench(env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """Run the bench; if it overruns, SIGTERM it first, so it stops its dispatchers and
+    cleans up, and kill it only if that does not end it."""
+    process = subprocess.Popen([sys.executable, str(BENCH), *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = process.communicate(timeout=260)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+    return process.returncode, stdout, stderr
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.timeout(60)
+def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
+    shown = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=50)
+    assert shown.returncode == 0, shown.stderr
+    for option in ("--tasks", "--spread-s", "--dispatchers", "--payload-bytes", "--tenants", "--lead-s", "--out",
+                   "--keep", "--reader"):
+        assert option in shown.stdout
+    refused = subprocess.run([sys.executable, str(BENCH), "--spread-s", "61"], capture_output=True, text=True,
+                             timeout=50)
+    assert refused.returncode == 2 and "--spread-s 1 to 60" in refused.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_tiny_burst_is_published_whole_never_early_and_leaves_nothing_behind(
+    cluster: Cluster, cassandra: CassandraConnection, zk_root: KazooClient, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
+           "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
+           "SCHEDULER_KAFKA_BOOTSTRAP": cluster.kafka.bootstrap,
+           "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts}
+    out = tmp_path / "nine.json"
+    code, stdout, stderr = run_bench(env, "--tasks", str(TASKS), "--spread-s", "2", "--lead-s", "10",
+                                     "--ceiling-messages", "10000", "--out", str(out))
+    assert code == 0, stderr
+    assert "nine o'clock: 2,000 tasks due over 2 s" in stdout
+    document = json.loads(out.read_text())
+
+    delivery = document["delivery"]
+    assert delivery["expected"] == delivery["published"] == TASKS
+    assert delivery["lost"] == 0
+    assert delivery["unexpected"] == delivery["invalid"] == delivery["run_at_mismatches"] == 0
+    assert delivery["messages"] == TASKS + delivery["extra_messages"]
+    assert delivery["broker_timestamps"]  # lateness is measured from Kafka's own clock
+    lateness = document["lateness_ms"]
+    assert lateness["early"] == 0 and lateness["min"] >= 0
+    assert sum(second["tasks"] for second in lateness["by_due_second"].values()) == TASKS
+    assert document["fire"]["published_tasks"] == TASKS and document["failures"] == []
+    assert document["ingest"]["tasks"] == TASKS and document["kafka_ceiling"]["msgs_per_s"] > 0
+    assert {check["figure"] for check in document["targets"]} >= {"fire rate", "lateness p99", "lost", "early"}
+
+    assert [d["exit_code"] for d in document["dispatchers"]] == [0]
+    assert not any(alive(d["pid"]) for d in document["dispatchers"])
+    deployment = document["deployment"]
+    rows = cassandra.session.execute("SELECT keyspace_name FROM system_schema.keyspaces")
+    keyspaces = {row.keyspace_name for row in rows}
+    assert deployment["keyspace"] not in keyspaces
+    topics = AdminClient({"bootstrap.servers": cluster.kafka.bootstrap}).list_topics(timeout=30).topics
+    assert not [name for name in topics if name.startswith(deployment["topic_prefix"] + ".")]
+    assert not zk_root.exists(deployment["zookeeper_root"])
+    assert document["work_dir"] is None
