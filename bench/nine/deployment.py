@@ -1,0 +1,302 @@
+"""What a run deploys, and removes again: a keyspace, topics and a ZooKeeper root of its
+own (`Deployment`), the `scheduler dispatcher` processes on them (`Fleet`, one
+`DispatcherProcess` each, with its log and stats file), and with `--py-spy` their
+recordings (`Profiler`).
+
+Creating fails with the scheduler's errors or a `KafkaException`. Removing never raises:
+it warns on stderr and lets the rest of the cleanup go on. A dispatcher that exits
+early, or a fleet that does not take the shards in time, is a `BenchFailure` that
+quotes the end of the log; a dispatcher that outlives SIGTERM by `STOP_TIMEOUT_S` is
+killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from kazoo.client import KazooClient
+
+from scheduler.adapters.cassandra import schema
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
+from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
+from scheduler.errors import SchedulerError, StoreUnavailable
+from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+from .common import KAFKA_LOG, BenchFailure, echo, now_ms
+from .proc import cpu_seconds, rss_bytes
+from .settings import LEASE_TIMEOUT_S, READY_PARTITIONS, SHARDS, STOP_TIMEOUT_S
+
+CLEANUP_ERRORS: tuple[type[Exception], ...] = (*DRIVER_ERRORS, StoreUnavailable)
+
+
+# The deployment: a keyspace, topics and a ZooKeeper root of the bench's own.
+
+
+@dataclass
+class Deployment:
+    cassandra: CassandraSettings
+    kafka: KafkaSettings
+    zookeeper: ZooKeeperSettings
+    ceiling_topic: str
+
+    @classmethod
+    def fresh(cls) -> Deployment:
+        tag = secrets.token_hex(4)
+        kafka = KafkaSettings.from_env(topic_prefix=f"nine-oclock-{tag}")
+        return cls(
+            cassandra=CassandraSettings.from_env(keyspace=f"nine_oclock_{tag}", shard_count=SHARDS),
+            kafka=kafka,
+            zookeeper=ZooKeeperSettings.from_env(root=f"/nine_oclock_{tag}", session_timeout_s=LEASE_TIMEOUT_S),
+            ceiling_topic=f"{kafka.topic_prefix}.ceiling",
+        )
+
+    @property
+    def ready_topics(self) -> list[str]:
+        return [self.kafka.ready_topic(name) for name in READY_TOPICS]
+
+    def env(self) -> dict[str, str]:
+        """The variables a dispatcher process reads to find this deployment."""
+        return {
+            "SCHEDULER_BACKEND": "cassandra",
+            "SCHEDULER_CASSANDRA_HOSTS": ",".join(self.cassandra.hosts),
+            "SCHEDULER_CASSANDRA_PORT": str(self.cassandra.port),
+            "SCHEDULER_KEYSPACE": self.cassandra.keyspace,
+            "SCHEDULER_SHARDS_TOTAL": str(self.cassandra.shard_count),
+            "SCHEDULER_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
+            "SCHEDULER_TOPIC_PREFIX": self.kafka.topic_prefix,
+            "SCHEDULER_ZOOKEEPER_HOSTS": self.zookeeper.hosts,
+            "SCHEDULER_ZOOKEEPER_ROOT": self.zookeeper.root,
+            "SCHEDULER_LEASE_TIMEOUT_S": str(LEASE_TIMEOUT_S),
+        }
+
+    def create(self, connection: CassandraConnection, cleanup: list[Callable[[], None]], keep: bool) -> None:
+        """Keyspace, topics (ready topics stamped `LogAppendTime`), ceiling topic; each
+        registered for removal unless `keep`."""
+        if not keep:
+            cleanup.append(self.drop_zookeeper_root)
+            cleanup.append(lambda: self.drop_keyspace(connection))
+        schema.apply(connection, self.cassandra)
+        if not keep:
+            cleanup.append(self.drop_topics)
+        ensure_topics(self.kafka, shard_count=SHARDS, ready_partitions=READY_PARTITIONS)
+        admin = self.admin()
+        created = admin.create_topics([NewTopic(self.ceiling_topic, num_partitions=READY_PARTITIONS,
+                                                replication_factor=-1)], request_timeout=30)
+        for future in created.values():
+            future.result(timeout=60)
+        stamped = admin.incremental_alter_configs([
+            ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
+                ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)])
+            for topic in self.ready_topics
+        ])
+        for future in stamped.values():
+            future.result(timeout=60)
+
+    def admin(self) -> AdminClient:
+        config: dict[str, Any] = {"bootstrap.servers": self.kafka.bootstrap, "logger": KAFKA_LOG}
+        return AdminClient(config)
+
+    def drop_keyspace(self, connection: CassandraConnection) -> None:
+        """Drop the keyspace; once more on a new connection if the first one broke (a
+        server restarted under the run)."""
+        statement = f"DROP KEYSPACE IF EXISTS {self.cassandra.keyspace}"
+        try:
+            connection.session.execute(statement, timeout=120)
+            return
+        except DRIVER_ERRORS:
+            pass
+        try:
+            with connect(self.cassandra) as again:
+                again.session.execute(statement, timeout=120)
+        except CLEANUP_ERRORS as exc:
+            echo(f"warning: could not drop keyspace {self.cassandra.keyspace}: {exc}")
+
+    def drop_topics(self) -> None:
+        try:
+            delete_topics(self.kafka)
+            admin = self.admin()
+            for future in admin.delete_topics([self.ceiling_topic], operation_timeout=30).values():
+                future.result(timeout=60)
+        except (SchedulerError, KafkaException) as exc:
+            echo(f"warning: could not delete the topics {self.kafka.topic_prefix}.*: {exc}")
+
+    def drop_zookeeper_root(self) -> None:
+        client = KazooClient(hosts=self.zookeeper.hosts, timeout=10)
+        try:
+            client.start(timeout=15)
+            if client.exists(self.zookeeper.root):
+                client.delete(self.zookeeper.root, recursive=True)
+        except Exception as exc:  # kazoo raises many unrelated types; this is cleanup
+            echo(f"warning: could not delete the ZooKeeper root {self.zookeeper.root}: {exc}")
+        finally:
+            client.stop()
+            client.close()
+
+
+# The dispatcher processes.
+
+
+@dataclass
+class DispatcherProcess:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    stats_path: Path
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def stats(self) -> dict[str, Any]:
+        try:
+            document: dict[str, Any] = json.loads(self.stats_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+        return document
+
+    def sample(self) -> dict[str, Any]:
+        stats = self.stats()
+        counters = stats.get("stats", {})
+        return {"at_ms": now_ms(), "stats_at_ms": stats.get("at_ms"), "rss_bytes": rss_bytes(self.process.pid),
+                "cpu_s": cpu_seconds(self.process.pid), "shards": len(stats.get("shards", [])),
+                "waiting": stats.get("waiting", 0), "wheel_bytes": stats.get("wheel_bytes", 0),
+                "loaded": counters.get("loaded", 0), "fired": counters.get("fired", 0)}
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_warnings(self) -> dict[str, Any]:
+        """The log's warnings and errors, less the driver's protocol negotiation."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return {"count": 0, "first": []}
+        found = [line for line in lines if (" WARNING " in line or " ERROR " in line)
+                 and "Downgrading core protocol version" not in line]
+        return {"count": len(found), "first": found[:20]}
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class Fleet:
+    """The dispatcher processes of one run, each with its own log and stats file."""
+
+    def __init__(self, deployment: Deployment, directory: Path) -> None:
+        self.env = {**os.environ, **deployment.env()}
+        self.directory = directory
+        self.members: list[DispatcherProcess] = []
+
+    def start(self, count: int) -> None:
+        for n in range(1, count + 1):
+            name = f"dispatcher-{n}"
+            log_path, stats_path = self.directory / f"{name}.log", self.directory / f"{name}.json"
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "scheduler", "dispatcher", "--backend", "cassandra", "--shards", "auto",
+                     "--member", name, "--stats-file", str(stats_path), "--lease-timeout", str(LEASE_TIMEOUT_S)],
+                    stdout=subprocess.DEVNULL, stderr=log, env=self.env, start_new_session=True,
+                )
+            self.members.append(DispatcherProcess(name, process, log_path, stats_path))
+
+    def check_alive(self) -> None:
+        for member in self.members:
+            if not member.alive():
+                raise BenchFailure(f"{member.name} exited with status {member.process.returncode}; the end of "
+                                   f"its log ({member.log_path}):\n{member.log_tail()}")
+
+    def wait_for_shards(self, timeout_s: float) -> float:
+        """Wait until the dispatchers fire all 64 shards between them, none twice, each
+        its fair share; returns the seconds it took."""
+        started = time.monotonic()
+        fair = SHARDS // len(self.members)
+        while True:
+            self.check_alive()
+            held = [set(member.stats().get("shards", [])) for member in self.members]
+            if (sum(map(len, held)) == SHARDS and set().union(*held) == set(range(SHARDS))
+                    and all(len(shards) >= fair for shards in held)):
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout_s:
+                raise BenchFailure(f"the dispatchers did not take the {SHARDS} shards within {timeout_s} s: they "
+                                   f"hold {[len(shards) for shards in held]}")
+            time.sleep(0.2)
+
+    def sample(self, label: str) -> dict[str, Any]:
+        """Sample every dispatcher, keep it under `label`, and return the totals."""
+        for member in self.members:
+            member.samples[label] = member.sample()
+        keys = ("rss_bytes", "waiting", "wheel_bytes", "loaded", "fired", "shards")
+        return {key: sum(member.samples[label][key] or 0 for member in self.members) for key in keys}
+
+    def totals(self) -> dict[str, int]:
+        stats = [member.sample() for member in self.members]
+        return {key: sum(s[key] or 0 for s in stats) for key in ("waiting", "loaded", "fired", "rss_bytes")}
+
+    def stop(self) -> list[int | None]:
+        """SIGTERM every dispatcher, wait, kill what did not stop; the exit codes."""
+        for member in self.members:
+            if member.alive():
+                member.process.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for member in self.members:
+            try:
+                codes.append(member.process.wait(timeout=STOP_TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                echo(f"warning: {member.name} did not stop within {STOP_TIMEOUT_S} s of SIGTERM; killing it")
+                member.process.kill()
+                member.process.wait(timeout=10)
+                codes.append(None)
+        return codes
+
+
+class Profiler:
+    """py-spy recordings of each dispatcher, one per phase, in raw (collapsed) form."""
+
+    def __init__(self, directory: Path | None, fleet: Fleet) -> None:
+        self.directory = directory
+        self.fleet = fleet
+        self.running: list[subprocess.Popen[bytes]] = []
+        self.files: list[str] = []
+        self.executable = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+    def start(self, phase: str) -> None:
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for member in self.fleet.members:
+            path = self.directory / f"{member.name}-{phase}.txt"
+            self.files.append(str(path))
+            self.running.append(subprocess.Popen(
+                [self.executable, "record", "--pid", str(member.process.pid), "--rate", "100", "--nonblocking",
+                 "--threads", "--format", "raw", "--output", str(path)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def stop(self) -> None:
+        for process in self.running:
+            process.send_signal(signal.SIGINT)
+        for process in self.running:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.running = []

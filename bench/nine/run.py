@@ -1,0 +1,186 @@
+"""One run of the bench, phase by phase: deploy, measure the Kafka ceiling, ingest the
+burst, start the dispatchers and sample them at baseline, follow the load of minute M,
+follow the burst, then work out the figures. It fills the JSON document as it goes and
+registers each removal in `cleanup`, which the caller runs whatever happens; the
+dispatchers and the reader are stopped on every way out. A write that fails, a
+dispatcher that dies, or an ingest that ends too close to M raises; lost or early tasks
+and failed dispatchers are listed in the document's `failures`."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from scheduler.adapters.cassandra.connection import connect
+from scheduler.model import BUCKET_MS
+
+from .ceiling import kafka_ceiling
+from .common import BenchFailure, clock, echo, now_ms, sleep_until
+from .deployment import Deployment, Fleet, Profiler
+from .proc import cpu_snapshot, cpu_window, server_pids
+from .reader import Reader
+from .report import analyse, judge, memory_figures, relative
+from .settings import (
+    AFTER_BURST_S,
+    ASSUMED_INGEST_ROWS_PER_S,
+    DUPLICATE_WATCH_S,
+    READ_AHEAD_S,
+    SETTLE_TIMEOUT_S,
+    SHARDS,
+    Options,
+)
+from .workload import Burst, ingest, text_length_for
+
+
+def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str, Any]) -> dict[str, Any]:
+    deployment = Deployment.fresh()
+    document["deployment"] = {"keyspace": deployment.cassandra.keyspace,
+                              "topic_prefix": deployment.kafka.topic_prefix,
+                              "zookeeper_root": deployment.zookeeper.root, "kept": options.keep}
+    servers = server_pids()
+    connection = connect(deployment.cassandra)
+    cleanup.append(connection.close)
+    deployment.create(connection, cleanup, options.keep)
+    work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="nine-oclock-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    document["work_dir"] = str(work_dir)
+    echo(f"deployment: keyspace {deployment.cassandra.keyspace}, topics {deployment.kafka.topic_prefix}.*, "
+         f"ZooKeeper {deployment.zookeeper.root}, logs in {work_dir}")
+
+    text_len = text_length_for(options.payload_bytes)
+    like = Burst(now_ms(), options.tasks, options.spread_s * 1000, text_len, options.tenants)
+    echo(f"kafka ceiling: producing {options.ceiling_messages:,} messages ...")
+    document["kafka_ceiling"] = kafka_ceiling(deployment.kafka, deployment.ceiling_topic,
+                                              like.messages(options.ceiling_messages, seed=7))
+    echo(f"kafka ceiling: {document['kafka_ceiling']['msgs_per_s']:,} msgs/s "
+         f"({document['kafka_ceiling']['message_bytes_mean']} B messages)")
+
+    estimate_s = options.tasks / ASSUMED_INGEST_ROWS_PER_S + 2
+    minute_ms = math.ceil((now_ms() + (estimate_s + options.lead_s) * 1000) / BUCKET_MS) * BUCKET_MS
+    burst = Burst(minute_ms, options.tasks, options.spread_s * 1000, text_len, options.tenants)
+    document["burst"] = {"minute": datetime.fromtimestamp(minute_ms / 1000, timezone.utc).isoformat(),
+                         "minute_ms": minute_ms, "due_per_s": round(options.tasks / options.spread_s)}
+    echo(f"burst minute M = {clock(minute_ms)} UTC; ingesting {options.tasks:,} tasks ...")
+    items = burst.submissions(seed=1)
+    document["ingest"], expected = ingest(deployment.cassandra, items)
+    del items
+    ingested_ms = now_ms()
+    document["ingest"]["done_before_minute_s"] = round((minute_ms - ingested_ms) / 1000, 1)
+    echo(f"ingest: {document['ingest']['rows_per_s']:,} rows/s; {(minute_ms - ingested_ms) / 1000:.1f} s before M")
+    if ingested_ms >= minute_ms - 1000:
+        raise BenchFailure("ingest ended less than a second before the burst minute: raise --lead-s")
+
+    fleet = Fleet(deployment, work_dir)
+    profiler = Profiler(options.py_spy, fleet)
+    reader = Reader(options.reader, deployment.kafka.bootstrap, deployment.ready_topics)
+    completed = False
+    try:
+        fleet.start(options.dispatchers)
+        started_ms = now_ms()
+        settle_s = fleet.wait_for_shards(SETTLE_TIMEOUT_S)
+        echo(f"dispatchers: {options.dispatchers} hold the {SHARDS} shards after {settle_s:.1f} s")
+        load_ms = minute_ms - READ_AHEAD_S * 1000
+        sleep_until(load_ms - 2000)
+        pids = {**servers, **{m.name: m.process.pid for m in fleet.members}, "reader": reader.pid or 0}
+        if options.reader == "process":
+            pids["bench"] = os.getpid()
+        baseline = fleet.sample("baseline")
+        baseline_ms, cpu_before_load = now_ms(), cpu_snapshot(pids)
+        baseline_clean = baseline["waiting"] == 0 and baseline_ms < load_ms
+        profiler.start("load")
+        echo(f"baseline: RSS {baseline['rss_bytes'] / 2**20:.1f} MiB, {baseline['waiting']:,} waiting; "
+             f"the dispatchers read M at {clock(max(load_ms, started_ms))}")
+        loaded_ms = cpu_loaded = None
+        load_timeline: list[dict[str, Any]] = []
+        while now_ms() < minute_ms - 1500:
+            fleet.check_alive()
+            totals = fleet.totals()
+            if not load_timeline or now_ms() - load_timeline[-1]["at_ms"] >= 1000:
+                load_timeline.append({"at_ms": now_ms(), **totals})
+            if loaded_ms is None and totals["loaded"] >= options.tasks:
+                loaded_ms, cpu_loaded = now_ms(), cpu_snapshot(pids)
+                echo(f"loaded: all {options.tasks:,} tasks in the wheels "
+                     f"{(loaded_ms - max(load_ms, started_ms)) / 1000:.1f} s after the read began")
+            time.sleep(0.25)
+        loaded = fleet.sample("loaded")
+        profiler.stop()
+        document["load"] = {
+            "loaded": loaded["loaded"], "waiting": loaded["waiting"],
+            "complete_before_minute": loaded["waiting"] >= options.tasks,
+            "seconds": round((loaded_ms - max(load_ms, started_ms)) / 1000, 1) if loaded_ms else None,
+            "cpu": cpu_window(cpu_before_load, cpu_loaded or cpu_snapshot(pids),
+                              ((loaded_ms or now_ms()) - baseline_ms) / 1000),
+            "peak_rss_bytes": max(point["rss_bytes"] for point in [*load_timeline, loaded]),
+            "timeline": relative(load_timeline, minute_ms),
+        }
+        echo(f"before M: RSS {loaded['rss_bytes'] / 2**20:.1f} MiB, {loaded['waiting']:,} waiting, "
+             f"wheels {loaded['wheel_bytes'] / 2**20:.1f} MiB")
+
+        sleep_until(minute_ms - 500)
+        profiler.start("burst")
+        cpu_burst = cpu_snapshot(pids)
+        deadline_ms = minute_ms + (options.spread_s + AFTER_BURST_S) * 1000
+        timeline: list[dict[str, Any]] = []
+        all_seen_ms = None
+        while now_ms() < deadline_ms:
+            if reader.seen >= options.tasks:
+                all_seen_ms = now_ms()
+                break
+            if not any(member.alive() for member in fleet.members):
+                break
+            if not timeline or now_ms() - timeline[-1]["at_ms"] >= 1000:
+                timeline.append({"at_ms": now_ms(), "seen": reader.seen, **fleet.totals()})
+            time.sleep(0.1)
+        end_ms = all_seen_ms or now_ms()
+        cpu_burst_end = cpu_snapshot(pids)
+        echo(f"burst: {reader.seen:,} of {options.tasks:,} seen "
+             + (f"{(end_ms - minute_ms) / 1000:.1f} s after M" if all_seen_ms else "when the bench stopped waiting"))
+        time.sleep(DUPLICATE_WATCH_S)
+        profiler.stop()
+        fleet.sample("fired")
+        document["timeline"] = relative(timeline, minute_ms)
+        document["cpu_burst"] = cpu_window(cpu_burst, cpu_burst_end, (end_ms - minute_ms + 500) / 1000)
+        completed = True
+    finally:
+        profiler.stop()
+        codes = fleet.stop()
+        if not completed:
+            reader.abort()
+    records, reader_cpu = reader.finish()
+    document["dispatchers"] = [
+        {"name": m.name, "pid": m.process.pid, "exit_code": code, "log": str(m.log_path),
+         "log_warnings": m.log_warnings(), "samples": m.samples, "final": m.stats()}
+        for m, code in zip(fleet.members, codes, strict=True)
+    ]
+    servers_now = server_pids()
+    document["warnings"] = [f"{name} restarted during the run (pid {pid} -> {servers_now.get(name)}): figures "
+                            "are suspect" for name, pid in servers.items() if servers_now.get(name) != pid]
+    document["warnings"] += [f"{d['name']} logged {d['log_warnings']['count']} warnings or errors, first: "
+                             f"{d['log_warnings']['first'][0]}" for d in document["dispatchers"]
+                             if d["log_warnings"]["count"]]
+    if profiler.files:
+        document["py_spy"] = profiler.files
+    document["reader"] = {"mode": options.reader, "messages": len(records), "cpu_s": round(reader_cpu, 2)}
+    result = analyse(records, expected, burst)
+    fire = result["fire"]
+    if fire.get("tasks_per_s"):
+        fire["vs_kafka_ceiling"] = round(fire["tasks_per_s"] / document["kafka_ceiling"]["msgs_per_s"], 3)
+    result["memory"] = memory_figures(fleet, burst.mean_payload_bytes(), baseline_clean)
+    document.update(result)
+    document["targets"] = judge(result)
+    document["missed"] = [check["figure"] for check in document["targets"] if check["met"] is False]
+    failures = [f"{m.name} exited with status {code}" for m, code in zip(fleet.members, codes, strict=True)
+                if code not in (0, -signal.SIGTERM)]
+    if result["delivery"]["lost"]:
+        failures.append(f"{result['delivery']['lost']:,} tasks were never published")
+    if result["lateness_ms"]["early"]:
+        failures.append(f"{result['lateness_ms']['early']:,} tasks were published before their time")
+    document["failures"] = failures
+    return document

@@ -1,0 +1,55 @@
+"""The bench's fixed settings, the targets its figures are judged by, the reference
+ceilings it quotes, and the options of one run (`Options`, from the command line of
+`bench/nine_oclock.py`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TASK_TYPE = "sms"
+BOARD_SHARE = 0.8
+READ_AHEAD_S = 60
+"""The dispatcher reads a minute's partitions this long before the minute starts."""
+ASSUMED_INGEST_ROWS_PER_S = 15_000
+"""For choosing M: about half the SDK's measured rate, so ingest is done in time."""
+LEASE_TIMEOUT_S = 10
+SHARDS = 64
+READY_PARTITIONS = 8
+SETTLE_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+DRAIN_TIMEOUT_S = 30
+AFTER_BURST_S = 60
+"""How long after the last due second the bench waits for stragglers."""
+DUPLICATE_WATCH_S = 2.0
+"""How long the reader goes on after the last task was seen, to catch repeats."""
+SAMPLE_FENCE = 1 << 33
+"""A fencing token of the size ZooKeeper's zxids have, for the ceiling's messages."""
+
+TARGET_FIRE_RATE = 25_000
+TARGET_P99_MS = 1_000
+TARGET_MAX_MS = 2_000
+TARGET_OVERHEAD_BYTES = 64
+
+REFERENCE_CEILINGS = {
+    "source": "/work/shared/LOCAL-CLUSTER.md: 2-core machine, servers co-located",
+    "kafka_produce_msgs_per_s": "100k msg/s (200 B, acks=all, idempotent, lz4, linger 5 ms)",
+    "cassandra_partition_read_rows_per_s": "49k rows/s (16 concurrent, paged 5,000); sequential 32k",
+    "cassandra_insert_rows_per_s": "17k-35k rows/s (single-partition UNLOGGED batches)",
+    "zookeeper_sync_writes_per_s": "~380/s",
+}
+
+
+@dataclass(frozen=True)
+class Options:
+    tasks: int
+    spread_s: int
+    dispatchers: int
+    payload_bytes: int
+    tenants: int
+    lead_s: int
+    reader: str
+    ceiling_messages: int
+    keep: bool
+    work_dir: Path | None
+    py_spy: Path | None
