@@ -428,8 +428,11 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
     import signal
     import socket
 
+    from scheduler.dispatcher import memory
     from scheduler.dispatcher.balance import parse_shards
     from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
+
+    memory.limit_arenas()
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",

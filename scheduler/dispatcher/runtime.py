@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from scheduler import handoff
+from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
 from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError
@@ -165,6 +166,8 @@ class Dispatcher:
         self._retry_at_ms = 0
         self._backoff_ms = 0
         self._failing_since_ms: int | None = None
+        self._loads_since_trim = 0
+        self._last_trim = 0.0
         self.failed: str | None = None
         """Why `run` gave up, if it did (the CLI exits non-zero)."""
 
@@ -420,6 +423,19 @@ class Dispatcher:
         if done is not None:
             bucket, read_started_ms = done
             owned.bucket_loaded(bucket, read_started_ms)
+            self._loads_since_trim += 1
+
+    def _trim_memory(self) -> None:
+        """After bucket reads, hand the memory they used back (see `memory`); at most once
+        a second, and only when the readers are idle, so it never slows a load."""
+        now = time.monotonic()
+        if self._loads_since_trim and now - self._last_trim > 1.0 and self._readers_idle():
+            self._loads_since_trim = 0
+            self._last_trim = now
+            memory.trim()
+
+    def _readers_idle(self) -> bool:
+        return not any(owned.requested_buckets - owned.completed_buckets for owned in self.shards.values())
 
     def _slice_counted(self, shard: int, token: int, k: int, stored: int) -> None:
         owned = self._current(shard, token)
@@ -558,6 +574,7 @@ class Dispatcher:
                 if shard in self._positions:
                     self._ready_positions[shard] = self._positions[shard]
         self._check_give_up(now)
+        self._trim_memory()
         self._schedule_reads(now)
         self._advance_cursors(now)
         self._commit_handoffs(now)
