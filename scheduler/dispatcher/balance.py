@@ -46,21 +46,21 @@ def plan(
     """What `me` should do now: which free shards to try to take and which of its own to
     give back. `holders` is every live lease (shard -> member); `mine` the shards `me`
     holds and fires (its own view, which may lag `holders` by a moment)."""
-    # A lease of mine that I do not fire (its acquire failed after the server made it)
-    # counts as free for me: acquiring it again adopts it.
-    free = [shard for shard in range(shard_count)
-            if shard not in mine and (shard not in holders or holders[shard] == me)]
+    # A lease of mine that I do not fire (its acquire failed after the server made it) is
+    # taken first, whatever the quota: acquiring it again adopts it, and nobody else can.
+    orphans = tuple(shard for shard in range(shard_count) if holders.get(shard) == me and shard not in mine)
+    free = [shard for shard in range(shard_count) if shard not in holders and shard not in mine]
     if pinned is not None:
         wanted = set(pinned)
         return Plan(
-            take=tuple(shard for shard in free if shard in wanted),
+            take=orphans + tuple(shard for shard in free if shard in wanted),
             give_back=tuple(sorted(shard for shard in mine if shard not in wanted)),
         )
     target = quota(me, members, shard_count)
     held = sorted(mine)
     if len(held) > target:
-        return Plan(take=(), give_back=tuple(held[target:]))
-    return Plan(take=tuple(free[: target - len(held)]), give_back=())
+        return Plan(take=orphans, give_back=tuple(held[target:]))
+    return Plan(take=orphans + tuple(free[: max(target - len(held) - len(orphans), 0)]), give_back=())
 
 
 def parse_shards(text: str, shard_count: int) -> list[int] | None:

@@ -253,7 +253,10 @@ class Dispatcher:
                 log.exception("%s failed unexpectedly", getattr(job, "__name__", "a job"),
                               extra={"action": "job_failed"})
                 if on_error is not None:
-                    on_error()
+                    try:
+                        on_error()
+                    except Exception:
+                        log.exception("cleaning up after a failed job failed too")
 
         try:
             pool.submit(guarded)
@@ -314,12 +317,12 @@ class Dispatcher:
         timer.daemon = True
         timer.start()
 
-    def _load_bucket(self, owned: OwnedShard, bucket: int) -> None:
-        """Read one bucket of the shard and send it to the fire loop in chunks. Chunks end
-        between two run_at values, so a read retried after a failure resumes after the
-        last run_at sent and sends no row twice."""
+    def _load_bucket(self, owned: OwnedShard, bucket: int, after: int) -> None:
+        """Read one bucket of the shard, rows after `after`, and send it to the fire loop in
+        chunks. Chunks end between two run_at values, so a read retried after a failure
+        (here, or asked for again later) resumes after the last run_at sent and sends no
+        row twice."""
         token, shard = owned.token, owned.shard
-        after = max(owned.start_ms, bucket - 1)
         read_started = self.clock()
         delay = 0.2
         for _ in range(LOAD_ATTEMPTS):
@@ -331,12 +334,12 @@ class Dispatcher:
                                                         page_size=self.config.page_size):
                     if len(chunk) >= LOAD_CHUNK and stored.task.run_at_ms != chunk[-1].task.run_at_ms:
                         rows = rows_from(chunk, token, owned.long_types)
-                        self._post(partial(self._rows_loaded, shard, token, rows))
                         after = chunk[-1].task.run_at_ms
+                        self._post(partial(self._rows_loaded, shard, token, rows, bucket, after))
                         chunk = []
                     chunk.append(stored)
                 rows = rows_from(chunk, token, owned.long_types)
-                self._post(partial(self._rows_loaded, shard, token, rows, (bucket, read_started)))
+                self._post(partial(self._rows_loaded, shard, token, rows, bucket, bucket + BUCKET_MS - 1, read_started))
                 return
             except SchedulerError as exc:
                 self.stats.store_failures += 1
@@ -415,13 +418,15 @@ class Dispatcher:
         log.info("firing shard %d from %d (token %d)", lease.shard, start_ms, lease.token,
                  extra={"action": "shard_started", "shard": lease.shard, "token": lease.token})
 
-    def _rows_loaded(self, shard: int, token: int, rows: list[Row], done: tuple[int, int] | None = None) -> None:
+    def _rows_loaded(self, shard: int, token: int, rows: list[Row], bucket: int, posted_through_ms: int,
+                     read_started_ms: int | None = None) -> None:
+        """Rows of a bucket read; with `read_started_ms`, the last of them."""
         owned = self._current(shard, token)
         if owned is None:
             return
         self.stats.loaded += owned.add_rows(rows)
-        if done is not None:
-            bucket, read_started_ms = done
+        owned.rows_posted(bucket, posted_through_ms)
+        if read_started_ms is not None:
             owned.bucket_loaded(bucket, read_started_ms)
             self._loads_since_trim += 1
 
@@ -432,7 +437,7 @@ class Dispatcher:
         if self._loads_since_trim and now - self._last_trim > 1.0 and self._readers_idle():
             self._loads_since_trim = 0
             self._last_trim = now
-            memory.trim()
+            self._submit(self._readers, trim_memory)  # off the fire loop: it can take a while
 
     def _readers_idle(self) -> bool:
         return not any(owned.requested_buckets - owned.completed_buckets for owned in self.shards.values())
@@ -464,7 +469,7 @@ class Dispatcher:
     def _bucket_failed(self, shard: int, token: int, bucket: int) -> None:
         owned = self._current(shard, token)
         if owned is not None:
-            owned.bucket_failed(bucket)
+            owned.bucket_failed(bucket, self.clock() + int(1000 + 1000 * random.random()))
 
     def _advanced(self, shard: int, lease: Lease, result: int | bool | None) -> None:
         self._advancing.discard(shard)
@@ -648,7 +653,12 @@ class Dispatcher:
             owned = self._current(shard, token)
             if owned is None:
                 continue
-            (sending if self.coordinator.is_valid(owned.lease) else keeping).append((shard, token, batch))
+            if self.coordinator.is_valid(owned.lease):
+                sending.append((shard, token, batch))
+            elif self._session_now() is SessionState.SUSPENDED:
+                keeping.append((shard, token, batch))  # the lease may yet come back
+            else:
+                self._drop(shard, "its lease is no longer valid", owned.lease)
         try:
             if sending:
                 by_topic: dict[str, list[bytes]] = {}
@@ -669,8 +679,9 @@ class Dispatcher:
                         extra={"action": "publish_failed"})
             self._pending = keeping + sending
             return False
-        self._backoff_ms = 0
-        self._failing_since_ms = None
+        if sending:
+            self._backoff_ms = 0
+            self._failing_since_ms = None
         for shard, token, batch in sending:
             self.stats.fired += batch.count
             owned = self._current(shard, token)
@@ -684,7 +695,7 @@ class Dispatcher:
             token = owned.token
             for bucket in owned.buckets_to_load(now, self.config.lookahead_ms):
                 owned.requested_buckets.add(bucket)
-                self._submit(self._readers, self._load_bucket, owned, bucket,
+                self._submit(self._readers, self._load_bucket, owned, bucket, owned.resume_after(bucket),
                              on_error=partial(self._post, partial(self._bucket_failed, shard, token, bucket)))
             for k in owned.slices_to_verify(now, self.config.verify_lead_ms):
                 owned.ask_count(k)
@@ -753,6 +764,10 @@ class Dispatcher:
             self._give_back(shard)
         self._writers.shutdown(wait=True)
         self._write_stats(self.clock() + self.config.stats_interval_ms)
+
+
+def trim_memory() -> None:
+    memory.trim()
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

@@ -132,6 +132,11 @@ class OwnedShard:
     cancelled: dict[bytes, int] = field(default_factory=dict)
     """id -> run_at of handed-off cancels."""
     verify_retry_at_ms: int = 0
+    load_retry_at_ms: int = 0
+    posted_through: dict[int, int] = field(default_factory=dict)
+    """bucket -> the run_at through which its rows have reached the wheel, so a read that
+    failed part-way resumes after them instead of sending them again."""
+    cancels_pruned_at_ms: int = 0
 
     def __post_init__(self) -> None:
         if SLICE_MS % self.tick_ms:
@@ -152,31 +157,47 @@ class OwnedShard:
     # Reads to ask for.
 
     def buckets_to_load(self, now_ms: int, lookahead_ms: int) -> list[int]:
-        """Buckets to read next, oldest first, from the loaded frontier through the one
-        holding `now + lookahead`, at most `max_loading_buckets` in flight."""
-        room = self.max_loading_buckets - len(self.requested_buckets - self.completed_buckets)
+        """Buckets to read next: the current and the next one at once (whatever else is
+        in flight), then, oldest first, the ones from the loaded frontier on, at most
+        `max_loading_buckets` of those in flight, so a shard far behind catches up in order
+        while what is due now still fires."""
+        if now_ms < self.load_retry_at_ms:
+            return []
         wanted: list[int] = []
-        bucket = minute_bucket(self.loaded_through_ms + 1)
+        now_bucket = minute_bucket(max(now_ms, self.start_ms + 1))
         last = minute_bucket(max(now_ms, self.start_ms + 1) + lookahead_ms)
-        while bucket <= last and len(wanted) < room:
+        for bucket in range(now_bucket, last + 1, BUCKET_MS):
+            if bucket not in self.requested_buckets and bucket + BUCKET_MS - 1 > self.loaded_through_ms:
+                wanted.append(bucket)
+        in_flight = len(self.requested_buckets - self.completed_buckets) + len(wanted)
+        bucket = minute_bucket(self.loaded_through_ms + 1)
+        while bucket < now_bucket and in_flight < self.max_loading_buckets:
             if bucket not in self.requested_buckets:
                 wanted.append(bucket)
+                in_flight += 1
             bucket += BUCKET_MS
         return wanted
 
     def slices_to_verify(self, now_ms: int, lead_ms: int) -> list[int]:
-        """Slices from the verified frontier whose start is within `lead_ms` of now and whose
-        bucket has been read, not verified nor in flight."""
+        """Slices to re-count: not verified nor in flight, in a bucket already read, and
+        starting within `lead_ms` of now. Walks only the read stretch after the verified
+        frontier and the buckets read ahead of it, never the whole lag."""
         slices: list[int] = []
         if now_ms < self.verify_retry_at_ms:
             return slices
-        k = slice_of(self.verified_through_ms + 1)
-        while k * SLICE_MS <= now_ms + lead_ms and len(slices) < 200:
-            if k * SLICE_MS + SLICE_MS - 1 > self.loaded_through_ms:
-                break
-            if k not in self.verified_slices and k not in self.counting:
-                slices.append(k)
-            k += 1
+        horizon = slice_of(now_ms + lead_ms)
+
+        def scan(first: int, last: int) -> None:
+            k = first
+            while k <= min(last, horizon) and len(slices) < 200:
+                if k not in self.verified_slices and k not in self.counting:
+                    slices.append(k)
+                k += 1
+
+        scan(slice_of(self.verified_through_ms + 1), slice_of(self.loaded_through_ms + 1) - 1)
+        for bucket in sorted(self.completed_buckets):
+            if bucket > self.loaded_through_ms:
+                scan(max(slice_of(bucket), slice_of(self.start_ms + 1)), slice_of(bucket + BUCKET_MS) - 1)
         return slices
 
     def count_range(self, k: int) -> tuple[int, int]:
@@ -235,10 +256,19 @@ class OwnedShard:
         done = {b for b in self.completed_buckets if b + BUCKET_MS - 1 <= through}
         self.completed_buckets -= done
         self.requested_buckets -= done
+        self.posted_through.pop(bucket, None)
 
-    def bucket_failed(self, bucket: int) -> None:
-        """The read gave up: ask for it again on a later tick."""
+    def rows_posted(self, bucket: int, through_ms: int) -> None:
+        self.posted_through[bucket] = max(self.posted_through.get(bucket, through_ms), through_ms)
+
+    def resume_after(self, bucket: int) -> int:
+        """Where a read of `bucket` starts (exclusive)."""
+        return max(self.start_ms, bucket - 1, self.posted_through.get(bucket, bucket - 1))
+
+    def bucket_failed(self, bucket: int, retry_at_ms: int) -> None:
+        """The read gave up: ask for it again, from where it stopped, after `retry_at_ms`."""
         self.requested_buckets.discard(bucket)
+        self.load_retry_at_ms = retry_at_ms
 
     def slice_counted(self, k: int, stored: int) -> bool:
         """Take the store's count of slice `k`; True if the slice must be read again."""
@@ -266,12 +296,14 @@ class OwnedShard:
         return added
 
     def _slice_verified(self, k: int) -> None:
+        self.skipped.pop(k, None)
+        self.fired_early.pop(k, None)
+        if k < slice_of(self.verified_through_ms + 1):
+            return
         self.verified_slices.add(k)
         while slice_of(self.verified_through_ms + 1) in self.verified_slices:
             done = slice_of(self.verified_through_ms + 1)
             self.verified_slices.discard(done)
-            self.skipped.pop(done, None)
-            self.fired_early.pop(done, None)
             self.verified_through_ms = (done + 1) * SLICE_MS - 1
 
     def handed_task(self, task: Task) -> bool:
@@ -304,7 +336,7 @@ class OwnedShard:
                 duplicates += 1
                 continue
             seen.add(key)
-            if run_at > verified_through and run_at > self.start_ms:
+            if run_at > verified_through and run_at > self.start_ms and slice_of(run_at) not in self.verified_slices:
                 self.fired_early.setdefault(slice_of(run_at), set()).add(key)
             if cancelled and key[1] in cancelled:
                 skipped += 1
@@ -319,7 +351,8 @@ class OwnedShard:
     def fire_limit(self, now_ms: int) -> int:
         """How far the wheel may fire at `now_ms`: up to the first slice that is neither
         verified nor more than `verify_grace_ms` past its end."""
-        k = slice_of(self.verified_through_ms + 1)
+        # Slices that ended more than the grace ago may fire whatever their state: start after them.
+        k = max(slice_of(self.verified_through_ms + 1), slice_of(now_ms - self.verify_grace_ms) - 1)
         while k * SLICE_MS <= now_ms:
             if k not in self.verified_slices and now_ms <= (k + 1) * SLICE_MS - 1 + self.verify_grace_ms:
                 return max(k * SLICE_MS - 1, self.wheel.fired_through_ms)
@@ -329,7 +362,8 @@ class OwnedShard:
     def flushed(self, batch: FireBatch) -> None:
         """The queue acknowledged `batch`: move the flushed frontier and forget what is old."""
         self.flushed_through_ms = max(self.flushed_through_ms, batch.fired_through_ms)
-        if len(self.cancelled) > 1000:
+        if len(self.cancelled) > 1000 and self.flushed_through_ms - self.cancels_pruned_at_ms > BUCKET_MS:
+            self.cancels_pruned_at_ms = self.flushed_through_ms
             horizon = self.flushed_through_ms - CANCEL_MEMORY_MS
             self.cancelled = {key: at for key, at in self.cancelled.items() if at > horizon}
 

@@ -59,3 +59,13 @@ def test_shard_ranges_parse(text: str, expected: list[int] | None) -> None:
 def test_bad_shard_ranges_say_what_is_wrong(text: str) -> None:
     with pytest.raises(ConfigError, match="--shards"):
         parse_shards(text, 64)
+
+
+def test_a_lease_of_mine_i_lost_track_of_is_taken_back_first_whatever_the_quota() -> None:
+    holders = {s: "a" for s in range(32)} | {s: "b" for s in range(33, 64)}
+    mine = set(range(31)) | {31}  # shard 32 is free; my lease on 40 is not in my own view
+    holders[40] = "a"
+    decided = plan("a", ["a", "b"], holders, mine, 64)
+    assert decided.take[0] == 40
+    over = plan("a", ["a", "b", "c"], holders, mine, 64)
+    assert 40 in over.take and over.give_back  # even while over quota

@@ -139,7 +139,7 @@ def test_the_cursor_is_the_least_of_flushed_loaded_and_verified() -> None:
 def test_buckets_load_from_the_cursor_through_one_minute_ahead() -> None:
     state = owned(start_ms=T0 - 2 * BUCKET_MS + 5)
     state.max_loading_buckets = 10
-    assert state.buckets_to_load(T0 + 1, BUCKET_MS) == [T0 - 2 * BUCKET_MS, T0 - BUCKET_MS, T0, T0 + BUCKET_MS]
+    assert state.buckets_to_load(T0 + 1, BUCKET_MS) == [T0, T0 + BUCKET_MS, T0 - 2 * BUCKET_MS, T0 - BUCKET_MS]
     state.requested_buckets.update(state.buckets_to_load(T0 + 1, BUCKET_MS))
     assert state.buckets_to_load(T0 + BUCKET_MS, BUCKET_MS) == [T0 + 2 * BUCKET_MS]
 
@@ -218,12 +218,46 @@ def test_a_slice_fired_before_its_count_is_not_fired_again_by_the_re_read() -> N
     assert state.cursor_candidate() == T0 + 2_999  # slice 3 s is not counted yet
 
 
-def test_buckets_load_in_order_a_few_at_a_time() -> None:
+def test_a_shard_far_behind_reads_what_is_due_now_first_then_catches_up_in_order() -> None:
     state = owned(start_ms=T0 - 10 * BUCKET_MS)
-    first = state.buckets_to_load(T0, BUCKET_MS)
-    assert first == [T0 - 10 * BUCKET_MS, T0 - 9 * BUCKET_MS]
-    state.requested_buckets.update(first)
+    now_and_next = state.buckets_to_load(T0, BUCKET_MS)
+    assert now_and_next == [T0, T0 + BUCKET_MS]  # whatever the lag
+    state.requested_buckets.update(now_and_next)
     assert state.buckets_to_load(T0, BUCKET_MS) == []  # two reads in flight already
-    state.bucket_loaded(first[0], T0)
+    for bucket in now_and_next:
+        state.bucket_loaded(bucket, T0)
+    behind = state.buckets_to_load(T0, BUCKET_MS)
+    assert behind == [T0 - 10 * BUCKET_MS, T0 - 9 * BUCKET_MS]
+    state.requested_buckets.update(behind)
+    state.bucket_loaded(behind[0], T0)
     assert state.buckets_to_load(T0, BUCKET_MS) == [T0 - 8 * BUCKET_MS]
     assert state.loaded_through_ms == T0 - 9 * BUCKET_MS - 1
+    assert state.verified_through_ms == T0 - 9 * BUCKET_MS - 1  # read after it was due: no re-count needed
+
+
+def test_a_read_that_failed_part_way_resumes_after_what_reached_the_wheel() -> None:
+    state = owned(start_ms=T0 - 1)
+    first, second = tasks_at(1_000, 2_000)
+    state.requested_buckets.add(T0)
+    state.add_rows(rows_from([StoredTask(first, TaskStatus.SCHEDULED)], TOKEN, state.long_types))
+    state.rows_posted(T0, first.run_at_ms)
+    state.bucket_failed(T0, retry_at_ms=T0 + 500)
+    assert state.buckets_to_load(T0 + 100, BUCKET_MS) == []  # backing off
+    assert T0 in state.buckets_to_load(T0 + 500, BUCKET_MS)
+    assert state.resume_after(T0) == first.run_at_ms
+
+
+def test_a_slice_that_never_verifies_keeps_no_memory_of_later_verified_ones() -> None:
+    state = owned(start_ms=T0 - 1)
+    tasks = tasks_at(*range(500, 20_000, 500))
+    load(state, tasks)
+    verify_all(state, T0 + 1_999)
+    stuck = (T0 + 2_000) // SLICE_MS
+    for k in range(stuck + 1, stuck + 18):  # every later slice verifies, out of order
+        state.ask_count(k)
+        assert not state.slice_counted(k, len(state.slice_keys(k)))
+    fired_ids(state, T0 + 19_500)
+    assert set(state.fired_early) <= {stuck}
+    assert state.cursor_candidate() == T0 + 1_999
+
+
