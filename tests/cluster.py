@@ -29,7 +29,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra import schema
-from scheduler.adapters.cassandra.connection import CassandraConnection, connect
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 from tests.support import EXTERNAL_CLUSTER_VARIABLES, zookeeper_session
 
@@ -105,6 +105,16 @@ def cassandra(cluster: Cluster) -> Iterator[CassandraConnection]:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:16]}"
+
+
+def answers(connection: CassandraConnection) -> bool:
+    """Whether the connection reaches Cassandra again (after a server restart the driver
+    reconnects on its own schedule, with backoff)."""
+    try:
+        connection.session.execute("SELECT release_version FROM system.local")
+    except DRIVER_ERRORS:
+        return False
+    return True
 
 
 @pytest.fixture

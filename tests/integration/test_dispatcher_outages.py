@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from tests.cluster import CLUSTER_COMMAND, Cluster, local_status
+from scheduler.adapters.cassandra.connection import CassandraConnection
+from tests.cluster import CLUSTER_COMMAND, Cluster, answers, local_status
 from tests.dispatchers import Deployment, by_id, submit_spread
 from tests.support import wait_until
 
@@ -55,7 +56,7 @@ def test_a_kafka_broker_killed_and_restarted_loses_no_task(deployment: Deploymen
 
 
 def test_a_cassandra_node_killed_does_not_stop_loaded_tasks_from_firing(
-    deployment: Deployment, cluster: Cluster
+    deployment: Deployment, cluster: Cluster, cassandra: CassandraConnection
 ) -> None:
     assert cluster.local
     fleet = deployment.fleet
@@ -77,3 +78,4 @@ def test_a_cassandra_node_killed_does_not_stop_loaded_tasks_from_firing(
     before = dispatcher.stats()["stats"]["advances"]
     wait_until(lambda: dispatcher.stats()["stats"]["advances"] > before, timeout_s=120,
                what="cursor advances to resume once Cassandra is back")
+    wait_until(lambda: answers(cassandra), timeout_s=120, what="the test session's own connection to reconnect")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
+from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.model import TaskId
 from scheduler.ports import TaskStore
 from scheduler.producer import Client, Submission, SubmitReport
 from scheduler.settings import CassandraSettings
-from tests.cluster import CLUSTER_COMMAND, Cluster, local_status
+from tests.cluster import CLUSTER_COMMAND, Cluster, answers, local_status
 from tests.support import wait_until
 
 PRODUCER = """
@@ -130,7 +130,7 @@ def test_cassandra_killed_mid_stream_loses_no_acknowledged_task(
     assert killed
     assert report.stopped_early and report.failed
     assert report.stored + len(report.failed) + len(report.rejected) == report.consumed
-    wait_until(lambda: _answers(cassandra), timeout_s=90, what="the test session's connection to reconnect")
+    wait_until(lambda: answers(cassandra), timeout_s=90, what="the test session's connection to reconnect")
 
     reopened = CassandraTaskStore.open(keyspace)
     try:
@@ -140,11 +140,3 @@ def test_cassandra_killed_mid_stream_loses_no_acknowledged_task(
         assert [task_id for task_id in stored if reopened.get(task_id) is None] == []
     finally:
         reopened.close()
-
-
-def _answers(connection: CassandraConnection) -> bool:
-    try:
-        connection.session.execute("SELECT release_version FROM system.local")
-    except DRIVER_ERRORS:
-        return False
-    return True
