@@ -61,6 +61,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+from scheduler.adapters.embedded.sqlite import immediate
 from scheduler.errors import ConfigError, CoordinatorError, CoordinatorUnavailable
 from scheduler.ports import Lease, SessionState
 
@@ -379,17 +380,8 @@ class SqliteCoordinator:
             if db is None:
                 raise CoordinatorError(f"cannot {what}: the coordinator is not started, or closed")
             try:
-                db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield db
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:  # also after a failed COMMIT
-                        try:
-                            db.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass  # the original failure is the one to report
-                    raise
+                with immediate(db) as transaction:
+                    yield transaction
             except sqlite3.Error as exc:
                 raise CoordinatorError(f"the embedded coordinator at {self._path} could not {what}: {exc}") from exc
 

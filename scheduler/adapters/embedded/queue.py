@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.adapters.embedded.sqlite import immediate
 from scheduler.errors import QueueError
 from scheduler.model import check_shard_count
 from scheduler.ports import HandoffLog, HandoffReader, HandoffRecord, Publisher
@@ -168,17 +169,8 @@ class SqliteQueue:
             try:
                 busy_ms = int(1000 * (self._busy_timeout_s if timeout_s is None else timeout_s))
                 self._db.execute(f"PRAGMA busy_timeout = {busy_ms}")
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:  # also after a failed COMMIT
-                        try:
-                            self._db.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass  # the original failure is the one to report
-                    raise
+                with immediate(self._db) as transaction:
+                    yield transaction
             except sqlite3.Error as exc:
                 raise QueueError(f"embedded queue at {self.path} failed: {exc}") from exc
 

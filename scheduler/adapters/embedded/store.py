@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler.adapters.embedded.sqlite import immediate
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import (
     DEFAULT_SHARD_COUNT,
@@ -162,17 +163,8 @@ class SqliteTaskStore:
         read-then-write inside it cannot interleave with another process's write."""
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    if self._db.in_transaction:  # also after a failed COMMIT
-                        try:
-                            self._db.execute("ROLLBACK")
-                        except sqlite3.Error:
-                            pass  # the original failure is the one to report
-                    raise
+                with immediate(self._db) as transaction:
+                    yield transaction
             except sqlite3.Error as exc:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
