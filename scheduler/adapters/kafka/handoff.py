@@ -48,6 +48,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from scheduler.adapters.kafka.errors import ClientErrors
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.model import check_shard_count
@@ -83,15 +84,14 @@ class KafkaHandoffLog:
         self.settings = settings
         self.shard_count = check_shard_count(shard_count)
         self._timeout_s = timeout_s
-        self._fatal: KafkaError | None = None
-        self._last_error: KafkaError | None = None
+        self._errors = ClientErrors("hand-off producer", "kafka.handoff", log)
         config: dict[str, Any] = {
             "bootstrap.servers": settings.bootstrap,
             "client.id": "scheduler-handoff",
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 0,
-            "error_cb": self._error,
+            "error_cb": self._errors,
             "logger": log,
         }
         try:
@@ -115,13 +115,13 @@ class KafkaHandoffLog:
             raise QueueError(f"Kafka refused a hand-off record: {exc.args[0]}") from exc
         deadline = time.monotonic() + self._timeout_s
         while deliveries.pending:
-            if self._fatal is not None:
-                raise QueueError(f"the hand-off producer failed for good ({self._fatal}); make a new one")
+            if self._errors.fatal is not None:
+                raise QueueError(f"the hand-off producer failed for good ({self._errors.fatal}); make a new one")
             if time.monotonic() >= deadline:
                 raise QueueError(
                     f"{deliveries.pending} of {deliveries.expected} hand-off records are still unacknowledged "
                     f"after {self._timeout_s} s (last error from Kafka at {self.settings.bootstrap}: "
-                    f"{self._last_error or 'none'})"
+                    f"{self._errors.last or 'none'})"
                 )
             self._producer.poll(POLL_INTERVAL_S)
         errors = {str(error) for error in deliveries.reports if error is not None}
@@ -164,14 +164,6 @@ class KafkaHandoffLog:
         self._producer.flush(0)
         self._producer.close()
 
-    def _error(self, error: KafkaError) -> None:
-        if error.fatal():
-            self._fatal = error
-            log.error("fatal hand-off producer error: %s", error, extra={"action": "kafka.handoff.fatal"})
-            return
-        if self._last_error is None or self._last_error.str() != error.str():
-            log.warning("hand-off producer error: %s", error, extra={"action": "kafka.handoff.error"})
-        self._last_error = error
 
 
 class KafkaHandoffReader:
@@ -183,8 +175,7 @@ class KafkaHandoffReader:
         self._topic = settings.handoff_topic
         self._assigned: set[int] = set()
         self._pending_error: QueueError | None = None
-        self._fatal: KafkaError | None = None
-        self._last_error: KafkaError | None = None
+        self._errors = ClientErrors("hand-off consumer", "kafka.handoff.consumer", log)
         config: dict[str, Any] = {
             "bootstrap.servers": settings.bootstrap,
             "client.id": member,
@@ -193,7 +184,7 @@ class KafkaHandoffReader:
             "auto.offset.reset": "earliest",
             # Client-level errors (a broker that went away) go to the callback and are
             # retried by librdkafka; only partition errors come out of poll.
-            "error_cb": self._error,
+            "error_cb": self._errors,
             "logger": log,
         }
         try:
@@ -301,12 +292,6 @@ class KafkaHandoffReader:
         self._consumer.close()
 
     def _check_fatal(self) -> None:
-        if self._fatal is not None:
-            raise QueueError(f"the hand-off consumer failed for good ({self._fatal}); make a new one")
+        if self._errors.fatal is not None:
+            raise QueueError(f"the hand-off consumer failed for good ({self._errors.fatal}); make a new one")
 
-    def _error(self, error: KafkaError) -> None:
-        if error.fatal():
-            self._fatal = error
-        if self._last_error is None or self._last_error.str() != error.str():
-            log.warning("hand-off consumer error: %s", error, extra={"action": "kafka.handoff.consumer_error"})
-        self._last_error = error

@@ -39,6 +39,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from scheduler.adapters.kafka.errors import ClientErrors
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.settings import READY_TOPICS, KafkaSettings
@@ -72,15 +73,14 @@ class KafkaPublisher:
         self._buffer_wait_s = buffer_wait_s
         self._failures: Counter[tuple[str, str]] = Counter()
         """Failed deliveries since the last flush, by (topic, error)."""
-        self._fatal: KafkaError | None = None
-        self._last_error: KafkaError | None = None
+        self._errors = ClientErrors("producer", "kafka.producer", log)
         full_config: dict[str, Any] = {
             "bootstrap.servers": settings.bootstrap,
             "client.id": client_id,
             **PRODUCER_CONFIG,
             **(config or {}),
             "on_delivery": self._delivered,
-            "error_cb": self._error,
+            "error_cb": self._errors,
             "logger": log,
         }
         try:
@@ -89,7 +89,7 @@ class KafkaPublisher:
             raise ConfigError(f"cannot configure the Kafka producer: {exc}") from exc
 
     def publish(self, topic: str, values: Sequence[bytes]) -> None:
-        if self._fatal is not None:
+        if self._errors.fatal is not None:
             raise self._fatal_error()
         produce = self._producer.produce
         try:
@@ -106,7 +106,7 @@ class KafkaPublisher:
         deadline = time.monotonic() + self._buffer_wait_s
         while True:
             self._producer.poll(0.05)
-            if self._fatal is not None:
+            if self._errors.fatal is not None:
                 raise self._fatal_error()
             try:
                 self._producer.produce(topic, value)
@@ -116,13 +116,13 @@ class KafkaPublisher:
                     raise QueueError(
                         f"the producer's buffer of {len(self._producer)} messages stayed full for "
                         f"{self._buffer_wait_s} s: Kafka at {self.settings.bootstrap} is not taking messages "
-                        f"(last error: {self._last_error or 'none'})"
+                        f"(last error: {self._errors.last or 'none'})"
                     ) from None
 
     def flush(self, timeout_s: float) -> None:
         remaining = self._producer.flush(timeout_s)
         failures, self._failures = self._failures, Counter()
-        if self._fatal is not None:
+        if self._errors.fatal is not None:
             raise self._fatal_error()
         if failures:
             lost = "; ".join(f"{count} to {topic} ({error})" for (topic, error), count in failures.items())
@@ -132,7 +132,7 @@ class KafkaPublisher:
         if remaining:
             raise QueueError(
                 f"{remaining} messages are still unacknowledged after {timeout_s} s (last error from Kafka at "
-                f"{self.settings.bootstrap}: {self._last_error or 'none'}); publish them again once Kafka answers"
+                f"{self.settings.bootstrap}: {self._errors.last or 'none'}); publish them again once Kafka answers"
             )
 
     def check(self, timeout_s: float | None = None) -> None:
@@ -162,17 +162,8 @@ class KafkaPublisher:
         if error is not None:
             self._failures[(message.topic() or "?", f"{error.name()}: {error.str()}")] += 1
 
-    def _error(self, error: KafkaError) -> None:
-        if error.fatal():
-            self._fatal = error
-            log.error("fatal producer error: %s", error, extra={"action": "kafka.producer.fatal"})
-            return
-        if self._last_error is None or self._last_error.str() != error.str():
-            log.warning("producer error: %s", error, extra={"action": "kafka.producer.error"})
-        self._last_error = error
-
     def _fatal_error(self) -> QueueError:
         return QueueError(
-            f"the idempotent producer failed for good ({self._fatal}); messages not flushed may be lost: "
+            f"the idempotent producer failed for good ({self._errors.fatal}); messages not flushed may be lost: "
             "close this publisher, make a new one and publish them again"
         )
