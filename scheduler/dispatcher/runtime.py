@@ -37,7 +37,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -145,7 +145,6 @@ class Dispatcher:
         self.shards: dict[int, OwnedShard] = {}
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._stopped = threading.Event()
         self._wake_balancer = threading.Event()
         self._session = SessionState.CONNECTED
         self._mine: set[int] = set()
@@ -185,16 +184,12 @@ class Dispatcher:
             self._fire_loop()
         finally:
             self._shutdown()
-            self._stopped.set()
 
     def stop(self) -> None:
         """Ask `run` to stop gracefully: give every shard back (so others take over at
         once), then return. Safe from a signal handler."""
         self._stopping.set()
         self._wake_balancer.set()
-
-    def wait_stopped(self, timeout_s: float) -> bool:
-        return self._stopped.wait(timeout_s)
 
     def _session_now(self) -> SessionState:
         return self._session
@@ -775,7 +770,3 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(document))
     os.replace(temporary, path)
-
-
-def shards_label(shards: Collection[int] | None) -> str:
-    return "auto" if shards is None else f"{len(shards)} pinned"

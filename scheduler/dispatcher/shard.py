@@ -371,17 +371,6 @@ class OwnedShard:
         """How far the store's cursor may move now."""
         return min(self.flushed_through_ms, self.loaded_through_ms, self.verified_through_ms)
 
-    def summary(self) -> dict[str, int]:
-        return {
-            "token": self.token,
-            "waiting": len(self.wheel),
-            "wheel_bytes": self.wheel.nbytes,
-            "flushed_through_ms": self.flushed_through_ms,
-            "loaded_through_ms": self.loaded_through_ms,
-            "verified_through_ms": self.verified_through_ms,
-            "persisted_ms": self.persisted_ms,
-        }
-
 
 def topic_tags(topics: dict[str, str]) -> dict[int, str]:
     """Wheel tag -> ready topic name, from `{short name: topic}` for high, normal, low, long."""
