@@ -469,10 +469,9 @@ def demo() -> None:
     Not built yet: for now this command says so plainly and exits.
     """
     click.echo(
-        "scheduler demo is not built yet: the dispatcher, workers and embedded queue it plays "
-        "are still to come. What works today: `scheduler submit`, `get` and `cancel` (on "
-        "the embedded store by default), `scheduler schema show|apply`, and the local cluster in deploy/local "
-        "(see README.md)."
+        "scheduler demo is not built yet: the workers it plays are still to come. What works today: "
+        "`scheduler submit`, `get` and `cancel`, and `scheduler dispatcher` (on the embedded backend by "
+        "default), `scheduler schema show|apply`, and the local cluster in deploy/local (see README.md)."
     )
 
 
