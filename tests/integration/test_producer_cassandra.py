@@ -45,7 +45,9 @@ def test_a_retried_idempotent_submit_yields_one_task(
 ) -> None:
     run_at = from_ms(NINE_OCLOCK_MS + 86_400_000)
     ids = {
-        Client(store, tenant="shop").submit("cancel_hold", {"order": 9}, run_at=run_at, idempotency_key="order-9")
+        Client(store, tenant="shop", now_ms=lambda: NINE_OCLOCK_MS).submit(
+            "cancel_hold", {"order": 9}, run_at=run_at, idempotency_key="order-9"
+        )
         for _ in range(3)
     }
     assert len(ids) == 1
@@ -71,7 +73,7 @@ def test_an_invalid_item_in_submit_many_is_reported_and_the_rest_accounted_for(s
     items: list[Any] = [Submission(type="sms", payload={"n": n}, run_at=run_at) for n in range(1200)]
     items[17] = Submission(type="sms", payload={"n": 17}, priority="urgent")
     items[900] = {"type": "sms", "payload": object()}
-    report = Client(store, tenant="board", chunk_size=500).submit_many(items)
+    report = Client(store, tenant="board", chunk_size=500, now_ms=lambda: NINE_OCLOCK_MS).submit_many(items)
 
     assert [error.index for error in report.rejected] == [17, 900]
     assert (report.consumed, report.stored, report.failed, report.stopped_early) == (1200, 1198, [], False)
