@@ -67,6 +67,8 @@ class StoredTask:
     task: Task
     status: TaskStatus
     status_attempt: int = 0
+    error: str | None = None
+    """The last error reported with the status (`failed` or `dead`), if any."""
 
     @property
     def latest_attempt(self) -> int:
@@ -82,6 +84,9 @@ class StatusReport:
     task_id: TaskId
     attempt: int
     status: TaskStatus
+    error: str | None = None
+    """Why the attempt failed (`failed`, `dead`); recorded with the status and replaced
+    with it, so the home row always shows the error of the status it shows."""
 
 
 class CancelOutcome(enum.Enum):
@@ -179,6 +184,13 @@ class TaskStore(Protocol):
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         """The task's home row, or None."""
+        ...
+
+    def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
+        """The home rows of `task_ids` that exist (missing ids are left out). One query per
+        partition the ids fall in, run concurrently: the worker's check of a whole polled
+        batch before it runs anything (cancelled, finished, or superseded by a newer
+        attempt)."""
         ...
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
@@ -402,3 +414,113 @@ class HandoffReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# Workers: consuming the ready topics, dead letters, and the effect ledger.
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message read from a topic by a consumer-group member."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    timestamp_ms: int
+    """When the queue stored the message (Kafka: the record's timestamp)."""
+
+
+TopicPartition = tuple[str, int]
+
+
+class Consumer(Protocol):
+    """A member of a consumer group reading some topics (Kafka: a subscribed consumer
+    with auto-commit off; embedded: a member of the queue's own group table).
+
+    The group spreads the topics' partitions over its live members; a member that dies
+    (stops polling past the session timeout) loses its partitions, and whoever gets them
+    next starts at the last committed position, so whatever was read but not committed is
+    delivered again. Each topic's partitions are spread over the members (not just the
+    total count), so a burst on one topic reaches every member. `poll` is the only place
+    the assignment changes: partitions taken away (with Kafka's eager protocol, all of
+    them, before a new assignment) are reported to `on_revoked` from inside `poll`, before anyone else can read
+    them, so the caller can commit what it finished; commits for partitions no longer
+    assigned are ignored (Kafka refuses them) and their messages will be delivered again.
+
+    Not thread-safe: one thread polls, pauses, resumes and commits.
+    """
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Delivery]:
+        """Up to `max_records` messages of assigned, unpaused partitions, in offset order
+        within each partition; waits up to `timeout_s` for the first. Must be called at
+        least every few seconds even when paused, to stay in the group. `QueueError` if
+        the queue fails."""
+        ...
+
+    def pause(self, topics: Sequence[str]) -> None:
+        """Stop fetching `topics` (already-fetched messages may still come once)."""
+        ...
+
+    def resume(self, topics: Sequence[str]) -> None:
+        ...
+
+    def assignment(self) -> set[TopicPartition]:
+        """The partitions this member holds now."""
+        ...
+
+    def commit(self, positions: Mapping[TopicPartition, int]) -> None:
+        """Record, for each partition, the offset of the next message to deliver
+        (synchronously). Positions of partitions not assigned to this member are dropped.
+        `QueueError` if the commit fails."""
+        ...
+
+    def close(self) -> None:
+        """Leave the group (its partitions go to other members at once); no commit."""
+        ...
+
+
+class TopicScanner(Protocol):
+    """Reads a whole topic without joining any group: dead letters, for `dlq list`."""
+
+    def scan(self, topic: str, *, limit: int | None = None) -> list[Delivery]:
+        """Every message of `topic` (up to `limit`, oldest first within each partition),
+        as of the call."""
+        ...
+
+
+class EffectClaim(enum.Enum):
+    """The answer of `EffectLedger.claim`."""
+
+    CLAIMED = "claimed"
+    """The caller holds the claim: it runs the effect, then calls `done` (or `release`
+    if the effect failed)."""
+    DONE = "done"
+    """The effect is recorded as done: skip it."""
+    BUSY = "busy"
+    """Another attempt holds an unexpired claim (it is running the effect now, or died
+    doing so and its claim has not expired): try again later."""
+
+
+class EffectLedger(Protocol):
+    """Which side effects have happened, keyed by `(scope, key)` (scope: the tenant), so a
+    repeated attempt skips the effects an earlier one completed. See
+    `scheduler.worker.context.Context.once` for what this can and cannot guarantee.
+
+    A claim expires `ttl_s` after it is taken unless marked done; a done record is kept
+    for the ledger's retention (days), after which the key may run again.
+    """
+
+    def claim(self, scope: str, key: str, owner: str, ttl_s: float) -> EffectClaim:
+        """Take the claim for `(scope, key)` unless it is done or claimed by another owner
+        (an atomic insert-if-absent). Re-claiming one's own claim answers `CLAIMED`."""
+        ...
+
+    def done(self, scope: str, key: str, owner: str) -> None:
+        """Record the effect as done (durable on return)."""
+        ...
+
+    def release(self, scope: str, key: str, owner: str) -> None:
+        """Drop `owner`'s claim (the effect failed and may be tried again); no error if the
+        claim is gone or another's."""
+        ...

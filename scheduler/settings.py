@@ -130,6 +130,10 @@ class KafkaSettings:
     def dead_letter_topic(self) -> str:
         return f"{self.topic_prefix}.dead"
 
+    def worker_group(self, pool: str) -> str:
+        """The consumer group of a worker pool (`default`: high, normal and low; `long`)."""
+        return f"{self.topic_prefix}.workers.{pool}"
+
     @property
     def dispatcher_group(self) -> str:
         """The consumer group under which dispatchers commit their hand-off positions."""

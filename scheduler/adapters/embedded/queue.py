@@ -1,9 +1,11 @@
 """`SqliteQueue`: the embedded backend's log, one SQLite file shared by the processes of
-one machine, with Kafka's shape: topics of partitions of messages at dense offsets, and
-committed positions per (group, topic, partition).
+one machine, with Kafka's shape: topics of partitions of messages at dense offsets,
+committed positions per (group, topic, partition), and consumer groups.
 
     messages  (topic, partition, offset) -> value, published_at_ms
     positions (group, topic, partition)  -> next_offset
+    members   (group, member)            -> topics, expires_ms
+    owners    (group, topic, partition)  -> member (NULL: free), generation
 
 Example: three values published to `scheduler.ready.high`, then one hand-off record
 for shard 5, then a dispatcher commits having handled it:
@@ -14,7 +16,34 @@ for shard 5, then a dispatcher commits having handled it:
 It offers what the dispatcher needs: a `Publisher` of the ready topics, which puts every
 message in partition 0 (one ordered log per topic), and the hand-off log, whose
 partition is the shard, with its `HandoffReader`. `read` returns a whole topic, for
-tests and the demo.
+tests and the demo; `scanner` does the same as a `TopicScanner`.
+
+Consumer groups (`consumer`, the workers' `Consumer`) emulate Kafka's across the
+processes sharing the file. A member is live while its `expires_ms` (its last heartbeat
+plus its session timeout, on the wall clock: the only clock the processes share) is
+ahead of the clock; it heartbeats from `poll`, at most every `REBALANCE_INTERVAL_S`, and
+in the same transaction it
+- deletes the members that expired, and frees (member NULL) every partition held by a
+  member that is no longer in `members`;
+- computes the group's rule: every partition that has messages, of any topic a live
+  member subscribes to, sorted by (topic, partition), is dealt round-robin to the live
+  members subscribed to its topic, in sorted order of their names. Every member
+  computes the same answer from the same rows; the rule is not sticky (a member joining
+  or leaving may move partitions that stay with live members);
+- takes each free partition that the rule gives it, raising the partition's
+  `generation`; a partition that another live member holds is never taken: that member
+  gives it up in its own next poll (after `on_revoked`), or expires.
+A partition held by this member that the rule gives to another is reported to
+`on_revoked` and then freed; one whose row no longer shows this member and the
+generation it took it with was taken while this member was not polling (it expired):
+it leaves the assignment and is reported to `on_revoked` too.
+
+Commit fencing: `commit` writes a position only if, inside its transaction, the owner
+row still shows this member and the generation it took the partition with. A member
+whose partition was taken (it stopped polling past its session timeout) cannot move the
+new owner's position, even if it took the partition back since (the generation differs:
+an owner row is freed, never deleted, so generations only grow).
+As in Kafka, a commit may move a position backwards: it records what it is given.
 
 Durability: every write is one `BEGIN IMMEDIATE` transaction committed with
 `synchronous=FULL` (the WAL is fsynced before it returns). `BEGIN IMMEDIATE` takes the
@@ -28,10 +57,11 @@ a lock not obtained in time, a full disk); a failed write changes nothing.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,8 +69,19 @@ from typing import Any
 from scheduler.adapters.embedded.sqlite import immediate
 from scheduler.errors import QueueError
 from scheduler.model import check_shard_count
-from scheduler.ports import HandoffLog, HandoffReader, HandoffRecord, Publisher
+from scheduler.ports import (
+    Consumer,
+    Delivery,
+    HandoffLog,
+    HandoffReader,
+    HandoffRecord,
+    Publisher,
+    TopicPartition,
+    TopicScanner,
+)
 from scheduler.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -58,6 +99,21 @@ CREATE TABLE IF NOT EXISTS positions (
     next_offset INTEGER NOT NULL,
     PRIMARY KEY ("group", topic, "partition")
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS members (
+    "group"    TEXT    NOT NULL,
+    member     TEXT    NOT NULL,
+    topics     TEXT    NOT NULL,
+    expires_ms INTEGER NOT NULL,
+    PRIMARY KEY ("group", member)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owners (
+    "group"     TEXT    NOT NULL,
+    topic       TEXT    NOT NULL,
+    "partition" INTEGER NOT NULL,
+    member      TEXT,
+    generation  INTEGER NOT NULL,
+    PRIMARY KEY ("group", topic, "partition")
+) WITHOUT ROWID;
 """
 
 _NEXT_OFFSET = 'SELECT COALESCE(MAX("offset") + 1, 0) FROM messages WHERE topic = ? AND "partition" = ?'
@@ -71,6 +127,37 @@ _FROM = (
     'SELECT "offset", value FROM messages WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
     'ORDER BY "offset" LIMIT ?'
 )
+_FROM_WITH_TIME = (
+    'SELECT "offset", value, published_at_ms FROM messages WHERE topic = ? AND "partition" = ? AND "offset" >= ? '
+    'ORDER BY "offset" LIMIT ?'
+)
+_SCAN = (
+    'SELECT "partition", "offset", value, published_at_ms FROM messages WHERE topic = ? '
+    'ORDER BY "partition", "offset" LIMIT ?'
+)
+_NEXT_PARTITION = 'SELECT MIN("partition") FROM messages WHERE topic = ? AND "partition" > ?'
+_HEARTBEAT = """
+INSERT INTO members ("group", member, topics, expires_ms) VALUES (?, ?, ?, ?)
+ON CONFLICT DO UPDATE SET topics = excluded.topics, expires_ms = excluded.expires_ms
+"""
+_EXPIRE = 'DELETE FROM members WHERE "group" = ? AND expires_ms <= ?'
+_FREE_ORPHANS = """
+UPDATE owners SET member = NULL
+WHERE "group" = ? AND member IS NOT NULL AND member NOT IN (SELECT member FROM members WHERE "group" = ?)
+"""
+_MEMBERS = 'SELECT member, topics FROM members WHERE "group" = ? ORDER BY member'
+_OWNERS = 'SELECT topic, "partition", member, generation FROM owners WHERE "group" = ?'
+_OWNER = 'SELECT member, generation FROM owners WHERE "group" = ? AND topic = ? AND "partition" = ?'
+_TAKE = """
+INSERT INTO owners ("group", topic, "partition", member, generation) VALUES (?, ?, ?, ?, ?)
+ON CONFLICT DO UPDATE SET member = excluded.member, generation = excluded.generation
+"""
+_FREE = (
+    'UPDATE owners SET member = NULL '
+    'WHERE "group" = ? AND topic = ? AND "partition" = ? AND member = ? AND generation = ?'
+)
+_LEAVE_OWNERS = 'UPDATE owners SET member = NULL WHERE "group" = ? AND member = ?'
+_LEAVE = 'DELETE FROM members WHERE "group" = ? AND member = ?'
 
 READY_PARTITION = 0
 """The partition of every message a publisher writes."""
@@ -78,6 +165,10 @@ READY_PARTITION = 0
 POLL_INTERVAL_S = 0.02
 """How often a waiting reader looks for records appended by another process (appends
 from this process wake it at once)."""
+
+REBALANCE_INTERVAL_S = 0.2
+"""How often a polling consumer heartbeats and applies the group's rule (more often
+with a session timeout under four times this)."""
 
 
 class SqliteQueue:
@@ -117,6 +208,23 @@ class SqliteQueue:
 
     def handoff_reader(self, group: str = "dispatchers") -> HandoffReader:
         return SqliteHandoffReader(self, group)
+
+    def consumer(
+        self,
+        group: str,
+        topics: Sequence[str],
+        *,
+        member: str,
+        on_revoked: Callable[[list[TopicPartition]], None] | None = None,
+        session_timeout_s: float = 10.0,
+    ) -> Consumer:
+        """A member of consumer group `group` reading `topics`; see the module docstring.
+        `member` must be unique among the group's live members."""
+        return SqliteConsumer(self, group, topics, member=member, on_revoked=on_revoked,
+                              session_timeout_s=session_timeout_s)
+
+    def scanner(self) -> TopicScanner:
+        return SqliteScanner(self)
 
     def read(self, topic: str) -> list[bytes]:
         """Every value in `topic`, partition by partition, in offset order."""
@@ -285,3 +393,216 @@ class SqliteHandoffReader:
 
     def close(self) -> None:
         self._positions.clear()
+
+
+class SqliteConsumer:
+    """The `Consumer` of the embedded queue: one member of a consumer group; see the
+    module docstring for the group's rule and commit fencing. Partitions held live in
+    memory with the generation they were taken with and the offset of the next message
+    to return, which starts at the group's committed position (0 if none). One thread
+    at a time."""
+
+    def __init__(
+        self,
+        queue: SqliteQueue,
+        group: str,
+        topics: Sequence[str],
+        *,
+        member: str,
+        on_revoked: Callable[[list[TopicPartition]], None] | None = None,
+        session_timeout_s: float = 10.0,
+    ) -> None:
+        if not topics:
+            raise ValueError("a consumer needs at least one topic")
+        if any("\n" in topic for topic in topics):
+            raise ValueError(f"topic names cannot hold a line break: {list(topics)}")
+        if session_timeout_s <= 0:
+            raise ValueError(f"the session timeout must be positive, got {session_timeout_s}")
+        self._queue = queue
+        self.group = group
+        self.member = member
+        self._topics = sorted(set(topics))
+        self._on_revoked = on_revoked
+        self._session_ms = int(session_timeout_s * 1000)
+        self._rebalance_every_s = min(REBALANCE_INTERVAL_S, session_timeout_s / 4)
+        self._next_rebalance = 0.0
+        """`time.monotonic()` of the next heartbeat; the first poll joins at once."""
+        self._generations: dict[TopicPartition, int] = {}
+        """Partitions held, with the generation each was taken with."""
+        self._next: dict[TopicPartition, int] = {}
+        """Offset of the next message to return, per partition held."""
+        self._paused: set[str] = set()
+        self._start = 0
+        self._closed = False
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Delivery]:
+        if max_records < 1:
+            raise ValueError(f"max_records must be positive, got {max_records}")
+        self._check_open()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if time.monotonic() >= self._next_rebalance:
+                self._rebalance()
+            deliveries = self._read(max_records)
+            left = deadline - time.monotonic()
+            if deliveries or left <= 0:
+                return deliveries
+            self._queue.wait_for_append(left)
+
+    def pause(self, topics: Sequence[str]) -> None:
+        self._paused.update(topics)
+
+    def resume(self, topics: Sequence[str]) -> None:
+        self._paused.difference_update(topics)
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._generations)
+
+    def commit(self, positions: Mapping[TopicPartition, int]) -> None:
+        self._check_open()
+        held = {tp: offset for tp, offset in positions.items() if tp in self._generations}
+        if not held:
+            return
+        dropped: list[TopicPartition] = []
+        with self._queue._transaction() as db:
+            for (topic, partition), offset in held.items():
+                if db.execute(_OWNER, (self.group, topic, partition)).fetchone() == (
+                        self.member, self._generations[(topic, partition)]):
+                    db.execute(_COMMIT, (self.group, topic, partition, offset))
+                else:
+                    dropped.append((topic, partition))
+        if dropped:
+            log.info("commit of %s by %s dropped: another member took them; they will be delivered again",
+                     dropped, self.member, extra={"action": "queue.consumer.commit_dropped"})
+
+    def close(self) -> None:
+        """Leave the group and free every partition held, at once (no commit, no
+        `on_revoked`). The queue itself stays open."""
+        if self._closed:
+            return
+        self._closed = True
+        self._generations.clear()
+        self._next.clear()
+        with self._queue._transaction() as db:
+            db.execute(_LEAVE_OWNERS, (self.group, self.member))
+            db.execute(_LEAVE, (self.group, self.member))
+
+    def _rebalance(self) -> None:
+        """Heartbeat and apply the group's rule: report and drop what was lost, report
+        and free what the rule gives to others, then add what was taken."""
+        mine, held, taken = self._sync()
+        self._next_rebalance = time.monotonic() + self._rebalance_every_s
+        lost = [tp for tp, generation in self._generations.items() if held.get(tp) != generation]
+        self._forget(lost)
+        give_up = [tp for tp in self._generations if tp not in mine]
+        try:
+            if self._on_revoked is not None and (lost or give_up):
+                self._on_revoked(sorted(lost + give_up))
+        finally:
+            if give_up:
+                with self._queue._transaction() as db:
+                    for tp in give_up:
+                        db.execute(_FREE, (self.group, *tp, self.member, self._generations[tp]))
+                self._forget(give_up)
+        for tp, (generation, offset) in taken.items():
+            self._generations[tp] = generation
+            self._next[tp] = offset
+
+    def _sync(self) -> tuple[set[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, tuple[int, int]]]:
+        """One transaction: heartbeat, expire the dead, and take the free partitions that
+        are this member's share. Returns its share, the partitions whose rows show this
+        member (with their generation) and those taken now (generation, start offset)."""
+        group, me = self.group, self.member
+        now_ms = time.time_ns() // 1_000_000
+        with self._queue._transaction() as db:
+            db.execute(_HEARTBEAT, (group, me, "\n".join(self._topics), now_ms + self._session_ms))
+            db.execute(_EXPIRE, (group, now_ms))
+            db.execute(_FREE_ORPHANS, (group, group))
+            members = [(name, frozenset(topics.split("\n"))) for name, topics in db.execute(_MEMBERS, (group,))]
+            topics = sorted(set().union(*(subscribed for _name, subscribed in members)))
+            rule = deal([(topic, partition) for topic in topics for partition in _partitions(db, topic)], members)
+            mine = {tp for tp, owner in rule.items() if owner == me}
+            held: dict[TopicPartition, int] = {}
+            taken: dict[TopicPartition, tuple[int, int]] = {}
+            rows = {(topic, partition): (member, generation) for topic, partition, member, generation
+                    in db.execute(_OWNERS, (group,))}
+            for tp in sorted(mine | {tp for tp, (member, _g) in rows.items() if member == me}):
+                member, generation = rows.get(tp, (None, 0))
+                if member == me and self._generations.get(tp) == generation:
+                    held[tp] = generation  # ours all along (given up after on_revoked if not in `mine`)
+                elif tp in mine and member in (None, me):
+                    # Free, or left as ours by an earlier life of this member name: take
+                    # it afresh, so that the earlier life's commits are fenced off.
+                    db.execute(_TAKE, (group, *tp, me, generation + 1))
+                    (position,) = db.execute(_POSITION, (group, *tp)).fetchone() or (0,)
+                    held[tp] = generation + 1
+                    taken[tp] = (generation + 1, int(position))
+                elif member == me:
+                    db.execute(_FREE, (group, *tp, me, generation))
+        return mine, held, taken
+
+    def _forget(self, partitions: Iterable[TopicPartition]) -> None:
+        for tp in partitions:
+            self._generations.pop(tp, None)
+            self._next.pop(tp, None)
+
+    def _read(self, max_records: int) -> list[Delivery]:
+        """What is there in the unpaused partitions held, starting with a different one
+        each time so that a busy partition cannot starve the others."""
+        readable = sorted(tp for tp in self._next if tp[0] not in self._paused)
+        if not readable:
+            return []
+        self._start = (self._start + 1) % len(readable)
+        deliveries: list[Delivery] = []
+        for topic, partition in readable[self._start:] + readable[:self._start]:
+            if len(deliveries) >= max_records:
+                break
+            rows = self._queue._read(
+                _FROM_WITH_TIME, (topic, partition, self._next[(topic, partition)], max_records - len(deliveries))
+            )
+            deliveries += (Delivery(topic, partition, int(at), bytes(value), int(stamp)) for at, value, stamp in rows)
+            if rows:
+                self._next[(topic, partition)] = int(rows[-1][0]) + 1
+        return deliveries
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueError(f"the consumer {self.member} of group {self.group} is closed")
+
+
+def deal(
+    partitions: Sequence[TopicPartition], members: Sequence[tuple[str, frozenset[str]]]
+) -> dict[TopicPartition, str]:
+    """The group's rule: partitions, in sorted order, dealt round-robin to the members
+    (in the order given) subscribed to each one's topic."""
+    owners: dict[TopicPartition, str] = {}
+    turn = 0
+    for tp in sorted(partitions):
+        candidates = [name for name, topics in members if tp[0] in topics]
+        if candidates:
+            owners[tp] = candidates[turn % len(candidates)]
+            turn += 1
+    return owners
+
+
+def _partitions(db: sqlite3.Connection, topic: str) -> list[int]:
+    """The partitions of `topic` that have messages: one index seek per partition."""
+    found: list[int] = []
+    while (row := db.execute(_NEXT_PARTITION, (topic, found[-1] if found else -1)).fetchone()) and row[0] is not None:
+        found.append(int(row[0]))
+    return found
+
+
+class SqliteScanner:
+    """The `TopicScanner` of the embedded queue: the messages table, read directly."""
+
+    def __init__(self, queue: SqliteQueue) -> None:
+        self._queue = queue
+
+    def scan(self, topic: str, *, limit: int | None = None) -> list[Delivery]:
+        """Up to `limit` messages of `topic` in (partition, offset) order."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must not be negative, got {limit}")
+        rows = self._queue._read(_SCAN, (topic, -1 if limit is None else limit))
+        return [Delivery(topic, int(partition), int(offset), bytes(value), int(stamp))
+                for partition, offset, value, stamp in rows]
