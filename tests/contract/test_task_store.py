@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections import Counter
+from contextlib import closing
+from dataclasses import replace
 from functools import partial
+from pathlib import Path
 
 import pytest
 
+from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
 from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
 from tests.support import all_at_once
@@ -261,3 +266,158 @@ def test_the_store_records_when_it_was_created(store: TaskStore) -> None:
     created = store.created_ms
     assert created is not None
     assert 0 <= time.time_ns() // 1_000_000 - created < 3_600_000
+
+
+# get_many: the worker's check of a polled batch.
+
+
+def test_get_many_returns_exactly_the_existing_home_rows_with_their_statuses(store: TaskStore) -> None:
+    shards = store.shard_count
+    here = in_partition(shards, NINE_OCLOCK_MS, 4, 6, tenant="college")
+    elsewhere = [make_task(NINE_OCLOCK_MS + BUCKET_MS * m + n * 101, tenant="college") for m in range(3) for n in range(5)]
+    store.insert(here + elsewhere)
+    cancelled, done, failed = here[0], here[1], elsewhere[0]
+    assert store.cancel(cancelled.id, "college") is CancelOutcome.CANCELLED
+    store.record_status([StatusReport(done.id, 1, TaskStatus.DONE),
+                         StatusReport(failed.id, 1, TaskStatus.FAILED, error="gateway said 503")])
+    missing_here = in_partition(shards, NINE_OCLOCK_MS, 4, 8)[6:]  # same partition, never stored
+    missing_elsewhere = [TaskId.new(NINE_OCLOCK_MS + 7 * BUCKET_MS + n) for n in range(3)]  # partitions never written
+    ghost = make_task(NINE_OCLOCK_MS + 250)
+    store.record_status([StatusReport(ghost.id, 1, TaskStatus.DONE)])  # a report for a task never stored
+
+    wanted = [task.id for task in here + elsewhere] + [t.id for t in missing_here] + missing_elsewhere + [ghost.id]
+    found = store.get_many(wanted + [here[2].id, elsewhere[3].id])  # repeats are harmless
+
+    assert set(found) == {task.id for task in here + elsewhere}
+    for task in here + elsewhere:
+        assert found[task.id] == store.get(task.id)
+        assert found[task.id].task == task
+    assert found[cancelled.id].status is TaskStatus.CANCELLED
+    assert (found[done.id].status, found[done.id].status_attempt) == (TaskStatus.DONE, 1)
+    assert (found[failed.id].status, found[failed.id].error) == (TaskStatus.FAILED, "gateway said 503")
+    assert found[here[3].id].status is TaskStatus.SCHEDULED and found[here[3].id].error is None
+    assert store.get_many([]) == {}
+    assert store.get_many([t.id for t in missing_here]) == {}
+
+
+def test_get_many_reads_the_home_row_never_a_retry_copy(store: TaskStore) -> None:
+    home = make_task(NINE_OCLOCK_MS + 1000)
+    store.insert([home])
+    store.record_status([StatusReport(home.id, 1, TaskStatus.FAILED, error="timeout")])
+    # Copies for later attempts, at later times: one in the home row's own partition, one a minute on.
+    same_partition = replace(home, run_at_ms=home.run_at_ms + 5000, attempt=2)
+    next_minute = replace(home, run_at_ms=home.run_at_ms + BUCKET_MS, attempt=3)
+    assert same_partition.partition(store.shard_count) == home.partition(store.shard_count)
+    store.insert([same_partition, next_minute])
+    # A task whose only row is a copy has no home row: it is not found.
+    orphan = make_task(NINE_OCLOCK_MS + 2000)
+    store.insert([replace(orphan, run_at_ms=orphan.run_at_ms + 3000, attempt=2)])
+
+    found = store.get_many([home.id, orphan.id])
+
+    assert set(found) == {home.id}
+    assert found[home.id].task == home
+    assert (found[home.id].status, found[home.id].error) == (TaskStatus.FAILED, "timeout")
+    assert found[home.id] == store.get(home.id)
+
+
+def test_get_many_reads_big_batches_over_many_partitions(store: TaskStore) -> None:
+    crowded = in_partition(store.shard_count, NINE_OCLOCK_MS, 11, 230)  # more than one query's worth of ids
+    spread = [make_task(NINE_OCLOCK_MS + (n * 113) % (2 * BUCKET_MS)) for n in range(400)]
+    assert store.insert(crowded + spread) == []
+    store.record_status([StatusReport(task.id, 1, TaskStatus.RUNNING) for task in crowded[::7]])
+    missing = [TaskId.new(task.run_at_ms) for task in spread[::5]]
+
+    found = store.get_many([task.id for task in crowded + spread] + missing)
+
+    assert {task_id: stored.task for task_id, stored in found.items()} == {task.id: task for task in crowded + spread}
+    assert {task_id for task_id, stored in found.items() if stored.status is TaskStatus.RUNNING} == {
+        task.id for task in crowded[::7]
+    }
+
+
+# Errors reported with a status.
+
+
+def test_a_failed_report_keeps_its_error_for_every_read(store: TaskStore) -> None:
+    task = make_task()
+    store.insert([task])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="SMS gateway: invalid number +1")])
+
+    by_id = store.get(task.id)
+    assert by_id is not None
+    assert (by_id.status, by_id.status_attempt, by_id.error) == (TaskStatus.FAILED, 1, "SMS gateway: invalid number +1")
+    assert store.get_many([task.id])[task.id] == by_id
+    assert list(store.read_partition(task.partition(store.shard_count))) == [by_id]
+
+
+def test_a_later_attempts_report_replaces_the_status_and_the_error(store: TaskStore) -> None:
+    task = make_task()
+    store.insert([task])
+
+    def state() -> tuple[TaskStatus, int, str | None]:
+        found = store.get(task.id)
+        assert found is not None
+        return found.status, found.status_attempt, found.error
+
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="first failure")])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING)])
+    assert state() == (TaskStatus.RUNNING, 2, None)
+    store.record_status([StatusReport(task.id, 2, TaskStatus.FAILED, error="second failure")])
+    assert state() == (TaskStatus.FAILED, 2, "second failure")
+    store.record_status([StatusReport(task.id, 3, TaskStatus.DEAD, error="gave up")])
+    assert state() == (TaskStatus.DEAD, 3, "gave up")
+
+
+def test_a_stale_report_with_an_error_changes_neither_status_nor_error(store: TaskStore) -> None:
+    task, finished = make_task(), make_task()
+    store.insert([task, finished])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.FAILED, error="attempt 2 failed")])
+    store.record_status([StatusReport(finished.id, 1, TaskStatus.DONE)])
+
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="attempt 1, late")])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING, error="a duplicate start")])
+    store.record_status([StatusReport(finished.id, 1, TaskStatus.FAILED, error="late failure of a done attempt")])
+
+    found, done = store.get(task.id), store.get(finished.id)
+    assert found is not None and done is not None
+    assert (found.status, found.status_attempt, found.error) == (TaskStatus.FAILED, 2, "attempt 2 failed")
+    assert (done.status, done.error) == (TaskStatus.DONE, None)
+
+
+def test_a_cancel_clears_the_error_of_the_status_it_replaces(store: TaskStore) -> None:
+    task = make_task(tenant="college")
+    store.insert([task])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="boom")])
+    assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
+    found = store.get(task.id)
+    assert found is not None
+    assert (found.status, found.error) == (TaskStatus.CANCELLED, None)
+
+
+def test_a_long_error_is_kept_cut_to_a_bound_and_says_so(store: TaskStore) -> None:
+    task = make_task()
+    store.insert([task])
+    error = "Traceback (most recent call last):\n" + "  File 'handler.py', line 1\n" * 2000
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error=error)])
+    found = store.get(task.id)
+    assert found is not None and found.error is not None
+    assert len(found.error) <= 2000
+    assert found.error.startswith(error[:1500])
+    assert f"[{len(error)} characters, cut]" in found.error
+
+
+def test_an_embedded_store_made_before_errors_existed_gains_the_column_when_opened(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old_schema = SCHEMA.replace("    last_error      TEXT,\n", "")
+    assert old_schema != SCHEMA
+    old.executescript(old_schema)
+    old.close()
+    task = make_task()
+    with closing(SqliteTaskStore(path)) as store:
+        store.insert([task])
+        store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="after the upgrade")])
+        assert store.get(task.id).error == "after the upgrade"  # type: ignore[union-attr]
+    with closing(SqliteTaskStore(path)) as again:  # opening it again changes nothing
+        assert again.get_many([task.id])[task.id].error == "after the upgrade"

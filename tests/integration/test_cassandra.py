@@ -1,5 +1,6 @@
-"""Against the real Cassandra: the schema applies idempotently, a task row round-trips,
-and the static `fence` column behaves as the fencing design relies on."""
+"""Against the real Cassandra: the schema applies idempotently (and brings a keyspace
+made before a column existed up to date), a task row round-trips, and the static `fence`
+column behaves as the fencing design relies on."""
 
 from __future__ import annotations
 
@@ -11,12 +12,18 @@ import pytest
 
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.cassandra.effects import CassandraEffectLedger
+from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.cli import Exit
-from scheduler.errors import SchemaConflict
+from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import Priority, Task, TaskId, encode_payload
+from scheduler.ports import StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
 from tests.cluster import Cluster, unique_name
 from tests.support import run_cli
+from tests.tasks import make_task
+
+TABLES = {"meta", "tasks_by_bucket", "shards", "effects"}
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
@@ -29,11 +36,11 @@ def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
 def test_schema_apply_is_idempotent_and_records_the_shard_count(
     cassandra: CassandraConnection, keyspace: CassandraSettings
 ) -> None:
-    assert tables_of(cassandra, keyspace.keyspace) == {"meta", "tasks_by_bucket", "shards"}
+    assert tables_of(cassandra, keyspace.keyspace) == TABLES
     again = schema.apply(cassandra, keyspace)
     assert again.shard_count_recorded_now is False
     assert again.shard_count == 64
-    assert tables_of(cassandra, keyspace.keyspace) == {"meta", "tasks_by_bucket", "shards"}
+    assert tables_of(cassandra, keyspace.keyspace) == TABLES
 
 
 def test_another_shard_count_for_an_existing_keyspace_is_refused(
@@ -149,3 +156,59 @@ def test_a_replication_cassandra_refuses_is_a_failure_not_an_unreachable_server(
     )
     assert result.returncode == Exit.FAILURE, result.stderr
     assert f"applying the schema to keyspace '{spare_keyspace}' failed" in result.stderr
+
+
+def columns_of(cassandra: CassandraConnection, keyspace: str, table: str) -> set[str]:
+    rows = cassandra.session.execute(
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name = %s AND table_name = %s", (keyspace, table)
+    )
+    return {row.column_name for row in rows}
+
+
+def test_schema_apply_adds_the_error_column_to_a_keyspace_made_before_it(
+    cluster: Cluster, cassandra: CassandraConnection, spare_keyspace: str
+) -> None:
+    settings = CassandraSettings(hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=spare_keyspace)
+    text = schema.schema_text()
+    old_text = text.replace("    last_error      text,", "").replace(
+        "ALTER TABLE tasks_by_bucket ADD IF NOT EXISTS last_error text;", ""
+    )
+    assert "last_error" not in "".join(line.split("--")[0] for line in old_text.splitlines())
+    for statement in schema.render(spare_keyspace, settings.replication, old_text):
+        cassandra.session.execute(statement)
+    assert "last_error" not in columns_of(cassandra, spare_keyspace, "tasks_by_bucket")
+
+    schema.apply(cassandra, settings)
+    assert "last_error" in columns_of(cassandra, spare_keyspace, "tasks_by_bucket")
+    schema.apply(cassandra, settings)  # and again: nothing to add, no error
+
+    task = make_task()
+    store = CassandraTaskStore.open(settings)
+    try:
+        store.insert([task])
+        store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="after the upgrade")])
+        assert store.get(task.id).error == "after the upgrade"  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def test_get_many_and_the_effect_ledger_report_a_failing_server_as_store_errors(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    store = CassandraTaskStore.open(keyspace)
+    try:
+        ledger = CassandraEffectLedger.for_store(store)
+        task = make_task()
+        store.insert([task])
+        assert set(store.get_many([task.id])) == {task.id}
+        cassandra.session.execute(f"DROP TABLE {keyspace.keyspace}.tasks_by_bucket")
+        cassandra.session.execute(f"DROP TABLE {keyspace.keyspace}.effects")
+
+        with pytest.raises(StoreError, match="reading tasks failed in 2 of 2 partitions"):
+            store.get_many([task.id, TaskId.new(task.run_at_ms + 60_000)])
+        with pytest.raises(StoreError, match="effect ledger claim failed"):
+            ledger.claim("college", "k", "a", 10)
+        with pytest.raises(StoreError, match="schema apply"):
+            CassandraEffectLedger.for_store(store)
+    finally:
+        store.close()

@@ -1,4 +1,5 @@
-"""The rows the Cassandra store packs itself are byte for byte what the driver binds."""
+"""The rows and id lists the Cassandra store packs itself are byte for byte what the
+driver binds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from cassandra.query import UNSET_VALUE
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.adapters.cassandra.store import named_queries
-from scheduler.model import Priority
+from scheduler.model import Priority, TaskId
 from scheduler.settings import CassandraSettings
 from tests.tasks import NINE_OCLOCK_MS, make_task
 
@@ -29,3 +30,11 @@ def test_packed_rows_equal_the_drivers_binding(cassandra: CassandraConnection, k
         assert packed == bound.values
         batch = rows.insert_batch(insert, keyspace.keyspace, rows.partition_key(task.minute_bucket, shard), [task])
         assert batch.routing_key == bound.routing_key
+
+
+def test_packed_id_lists_equal_the_drivers_binding(cassandra: CassandraConnection, keyspace: CassandraSettings) -> None:
+    read_tasks = cassandra.session.prepare(named_queries(keyspace.keyspace)["read_tasks"])
+    for ids in ([], [TaskId.new(NINE_OCLOCK_MS)], [TaskId.new(NINE_OCLOCK_MS + n * 997) for n in range(60)]):
+        bound = read_tasks.bind((NINE_OCLOCK_MS, 5, [(task_id.run_at_ms, task_id.uuid) for task_id in ids]))
+        assert bound.values[2] == rows.clustering_keys(ids)
+        assert bound.values[:2] == list(rows.partition_key(NINE_OCLOCK_MS, 5))

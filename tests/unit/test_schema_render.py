@@ -18,15 +18,33 @@ def test_the_top_level_schema_is_the_one_the_package_ships() -> None:
 def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -> None:
     statements = render("results_day", NTS)
     assert statements[0] == f"CREATE KEYSPACE IF NOT EXISTS results_day WITH replication = {NTS}"
-    tables = statements[1:]
-    assert {s.split()[5].split(".")[0] for s in tables} == {"results_day"}
-    assert {s.split()[5] for s in tables} >= {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta"}
+    tables = [s.split()[5] for s in statements if s.startswith("CREATE TABLE")]
+    altered = [s.split()[2] for s in statements if s.startswith("ALTER TABLE")]
+    assert len(tables) + len(altered) == len(statements) - 1
+    assert {name.split(".")[0] for name in tables + altered} == {"results_day"}
+    assert set(tables) == {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta",
+                           "results_day.effects"}
+    assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)
 
 
+def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_keyspaces() -> None:
+    statements = render("ks", NTS)
+    (tasks,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.tasks_by_bucket ")]
+    added = [s for s in statements if s.startswith("ALTER TABLE")]
+    assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text"]
+    assert "last_error      text" in tasks
+    assert statements.index(added[0]) > statements.index(tasks)
+
+
+def test_the_effect_ledger_is_keyed_by_scope_and_effect_key() -> None:
+    (effects,) = [s for s in render("ks", NTS) if ".effects " in s]
+    assert "PRIMARY KEY ((scope, effect_key))" in effects
+
+
 def test_tasks_are_partitioned_by_minute_and_shard_with_a_static_fence() -> None:
-    (tasks,) = [s for s in render("ks", NTS) if ".tasks_by_bucket " in s]
+    (tasks,) = [s for s in render("ks", NTS) if s.startswith("CREATE TABLE IF NOT EXISTS ks.tasks_by_bucket ")]
     assert "PRIMARY KEY ((minute_bucket, shard), run_at, task_id)" in tasks
     assert "fence           bigint static" in tasks
 
@@ -41,9 +59,15 @@ def test_an_unterminated_statement_is_an_error() -> None:
         split_statements("CREATE TABLE IF NOT EXISTS t (a text)")
 
 
-def test_an_unknown_statement_kind_is_an_error_not_silently_run_elsewhere() -> None:
+@pytest.mark.parametrize("statement", [
+    "DROP TABLE tasks_by_bucket;",
+    "ALTER TABLE tasks_by_bucket DROP status;",
+    "ALTER TABLE tasks_by_bucket ADD last_error text;",  # not idempotent: fails on a second apply
+    "ALTER TABLE other.tasks_by_bucket ADD IF NOT EXISTS last_error text;",
+])
+def test_an_unknown_statement_kind_is_an_error_not_silently_run_elsewhere(statement: str) -> None:
     with pytest.raises(StoreError, match="does not know"):
-        render("ks", NTS, "DROP TABLE tasks_by_bucket;")
+        render("ks", NTS, statement)
 
 
 @pytest.mark.parametrize("keyspace", ["", "1abc", "Upper", "a-b", "x" * 49, "ks; DROP"])

@@ -1,4 +1,5 @@
-"""Task rows for `insert_task`, serialised here instead of by the driver's binding.
+"""Task rows for `insert_task`, and the id lists of `read_tasks`, serialised here
+instead of by the driver's binding.
 
 Why: on the submit path the driver's `PreparedStatement.bind` costs ~10 µs per row
 (a type lookup, a `ColDesc` tuple and a serialiser call per value), more than all the
@@ -25,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 from scheduler.errors import StoreError
-from scheduler.model import Task
+from scheduler.model import Task, TaskId
 
 INSERT_COLUMNS = (
     ("minute_bucket", "timestamp"),
@@ -47,6 +48,9 @@ _INT64 = struct.Struct(">q").pack
 _INT32 = struct.Struct(">i").pack
 _INT16 = struct.Struct(">h").pack
 _TINY = [struct.pack(">b", code) for code in range(3)]
+_CLUSTERING_KEY = struct.Struct(">iiqi16s").pack
+"""One element of a `list<frozen<tuple<timestamp, uuid>>>`: the element's length (32),
+then each field as length and bytes (8 for the timestamp, 16 for the uuid)."""
 
 
 def check_insert_columns(insert: PreparedStatement) -> None:
@@ -98,3 +102,12 @@ def add_rows(batch: BatchStatement, insert: PreparedStatement, rows: Iterable[li
     query_id = insert.query_id
     for values in rows:
         add(True, query_id, values)
+
+
+def clustering_keys(task_ids: Sequence[TaskId]) -> bytes:
+    """The serialised `(run_at, task_id) IN ?` value of `read_tasks` for the home rows
+    of `task_ids`: a list of `(id.run_at_ms, id)` tuples, as the driver would bind it
+    (~0.2 µs an id instead of the ~5 of the driver's binding)."""
+    return _INT32(len(task_ids)) + b"".join(
+        [_CLUSTERING_KEY(32, 8, task_id.run_at_ms, 16, task_id.value.to_bytes(16)) for task_id in task_ids]
+    )

@@ -3,7 +3,9 @@
 `schema.cql` is written for cqlsh with the keyspace `scheduler`; `render` puts the
 configured keyspace name and replication in its place and qualifies every table, so
 the statements can run on any session. `apply` is idempotent: every statement is
-`IF NOT EXISTS`, and the shard count is recorded once (a conditional insert). Asking
+`IF NOT EXISTS` (a column added to a table after its first release is added with
+`ALTER TABLE ... ADD IF NOT EXISTS`, so an older keyspace catches up and a new one is
+unchanged), and the shard count is recorded once (a conditional insert). Asking
 for a different shard count on an existing keyspace is a `SchemaConflict`, because
 every task's shard, and so its partition, depends on it.
 """
@@ -22,6 +24,7 @@ from scheduler.settings import CassandraSettings, check_keyspace, check_replicat
 _KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = \{[^}]*\}")
 _USE = re.compile(r"USE \w+")
 _TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS) (\w+)")
+_ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ \w+)")
 
 
 def schema_text() -> str:
@@ -73,6 +76,8 @@ def render(keyspace: str, replication: str, text: str | None = None) -> list[str
             continue
         elif _TABLE.match(statement):
             rendered.append(_TABLE.sub(rf"\1 {keyspace}.\2", statement, count=1))
+        elif _ADD_COLUMN.fullmatch(statement):
+            rendered.append(_ADD_COLUMN.sub(rf"\1 {keyspace}.\2\3", statement, count=1))
         else:
             raise StoreError(f"schema.cql holds a statement the renderer does not know: {statement[:60]!r}")
     return rendered

@@ -19,7 +19,23 @@ A never-written column is null and null compares false, hence the second forms.
 
 Status reports are plain writes whose write timestamp is derived from the report,
 `status_write_timestamp_us`, so the cell with the newest (attempt, phase) wins whatever
-order the writes arrive in, with no read and no transaction per report.
+order the writes arrive in, with no read and no transaction per report. The report's
+error is written in the same statement, so with the same timestamp: it is replaced
+exactly when the status is. "No error" is written as '' rather than null (a null would
+be a tombstone per report) and read back as None. Two reports of the same attempt and
+status tie on the timestamp; Cassandra then keeps the greater value, so of two errors
+for one (attempt, status) the row keeps one of them, and an error over none. Errors are
+cut to `MAX_ERROR_CHARS` (see `bounded_error`).
+
+How it reads many tasks
+-----------------------
+`get_many` groups the ids by partition and sends one query per partition (and per
+`GET_MANY_CHUNK` ids), selecting the home rows by their whole clustering key,
+`(run_at, task_id) IN ?`, with the id list serialised by `rows.clustering_keys`. The
+queries go out like inserts: asynchronously, token-aware, with at most
+`max_reads_in_flight` outstanding (a bound of their own, higher than the writes': a
+poll batch spans every shard, and with the driver's per-request cost the batch's
+queries are best all in flight at once).
 """
 
 from __future__ import annotations
@@ -27,14 +43,14 @@ from __future__ import annotations
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
-from cassandra.query import BatchStatement, BatchType, PreparedStatement, Statement, tuple_factory
+from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement, Statement, tuple_factory
 
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
@@ -66,6 +82,12 @@ _CONDITION_ROUNDS = 5
 """Tries of a conditional write whose first form (`IF col = null`) lost a race; each
 lost race means another writer set the column, so the second round decides."""
 DEFAULT_MAX_IN_FLIGHT = 16
+DEFAULT_MAX_READS_IN_FLIGHT = 64
+GET_MANY_CHUNK = 100
+"""Most ids one `get_many` query asks for; a partition with more gets several queries.
+Well under the driver's page size (5000 rows), so an answer is always one page."""
+MAX_ERROR_CHARS = 2000
+"""Longest error text kept with a status (see `bounded_error`)."""
 TUPLES = "scheduler.tuples"
 """Execution profile returning plain tuples: a third cheaper to build than named tuples."""
 
@@ -83,6 +105,16 @@ def named_queries(keyspace: str) -> dict[str, str]:
     return queries
 
 
+def bounded_error(error: str | None) -> str | None:
+    """`error` cut to at most `MAX_ERROR_CHARS` characters, the cut marked with how much
+    was left out. The store bounds what it keeps whoever reports: a traceback or a
+    response body can be any size, and every read of the task carries it."""
+    if error is None or len(error) <= MAX_ERROR_CHARS:
+        return error
+    marker = f"... [{len(error)} characters, cut]"
+    return error[:MAX_ERROR_CHARS - len(marker)] + marker
+
+
 def status_write_timestamp_us(task_id: TaskId, attempt: int, status: TaskStatus) -> int:
     """The write timestamp of a status report: the task's own time in µs plus
     `attempt * 8 + rank`, so reports order by attempt, then by phase, and stay within a
@@ -90,12 +122,15 @@ def status_write_timestamp_us(task_id: TaskId, attempt: int, status: TaskStatus)
     return task_id.run_at_ms * 1000 + attempt * 8 + status.rank
 
 
+Context = TypeVar("Context")
+
+
 @dataclass
 class _Tally:
-    """Outstanding requests of one `insert` call and what failed."""
+    """Outstanding requests of one `_send_all` call and what failed."""
 
     pending: int = 1  # the submitting loop itself, released when it has sent everything
-    failures: list[InsertFailure] = field(default_factory=list)
+    failures: list[tuple[Any, BaseException]] = field(default_factory=list)
 
 
 class CassandraTaskStore:
@@ -109,10 +144,11 @@ class CassandraTaskStore:
         *,
         batch_rows: int = DEFAULT_BATCH_ROWS,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_reads_in_flight: int = DEFAULT_MAX_READS_IN_FLIGHT,
         owns_connection: bool = False,
     ) -> None:
-        if batch_rows < 1 or max_in_flight < 1:
-            raise ValueError("batch_rows and max_in_flight must be positive")
+        if batch_rows < 1 or max_in_flight < 1 or max_reads_in_flight < 1:
+            raise ValueError("batch_rows, max_in_flight and max_reads_in_flight must be positive")
         self._connection = connection
         self._session: Session = connection.session
         self._owns_connection = owns_connection
@@ -120,6 +156,7 @@ class CassandraTaskStore:
         self._shard_count = shard_count
         self._batch_rows = batch_rows
         self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._read_slots = threading.BoundedSemaphore(max_reads_in_flight)
         if TUPLES not in connection.cluster.profile_manager.profiles:
             connection.cluster.add_execution_profile(TUPLES, _tuple_profile(connection))
         try:
@@ -152,6 +189,11 @@ class CassandraTaskStore:
             raise
 
     @property
+    def connection(self) -> CassandraConnection:
+        """The store's session and cluster, e.g. for `CassandraEffectLedger.for_store`."""
+        return self._connection
+
+    @property
     def shard_count(self) -> int:
         return self._shard_count
 
@@ -181,34 +223,51 @@ class CassandraTaskStore:
 
     def _run_all(self, requests: Iterable[tuple[Statement, Sequence[Task]]]) -> list[InsertFailure]:
         """Send `requests` with bounded concurrency; wait for all; collect failures."""
+        return [InsertFailure(tasks, _describe(exc)) for tasks, exc in self._send_all(requests, self._slots)]
+
+    def _send_all(
+        self,
+        requests: Iterable[tuple[Statement, Context]],
+        slots: threading.BoundedSemaphore,
+        on_rows: Callable[[Any], None] | None = None,
+    ) -> list[tuple[Context, BaseException]]:
+        """Send `requests` with at most as many outstanding as `slots` allows (shared by
+        all calls on the store), wait for all, and return the failed ones' contexts with
+        their errors. `on_rows` gets each answer's rows (tuples), on the driver's thread
+        but one answer at a time."""
         tally = _Tally()
         finished = threading.Event()
         lock = threading.Lock()
 
-        def settle(failure: InsertFailure | None) -> None:
-            self._slots.release()
+        def settle(context: Any, answer: Any, failure: BaseException | None) -> None:
+            slots.release()
             with lock:
                 if failure is not None:
-                    tally.failures.append(failure)
+                    tally.failures.append((context, failure))
+                elif on_rows is not None:
+                    try:
+                        on_rows(answer)
+                    except Exception as exc:  # a callback must never kill the driver's thread
+                        tally.failures.append((context, exc))
                 tally.pending -= 1
                 if tally.pending == 0:
                     finished.set()
 
         try:
-            for statement, tasks in requests:
-                self._slots.acquire()
+            for statement, context in requests:
+                slots.acquire()
                 with lock:
                     tally.pending += 1
                 try:
-                    future: ResponseFuture = self._session.execute_async(statement)
+                    future: ResponseFuture = self._session.execute_async(statement, execution_profile=TUPLES)
                     future.add_callbacks(
-                        callback=lambda _rows, settle=settle: settle(None),
-                        errback=lambda exc, tasks=tasks: settle(InsertFailure(tasks, _describe(exc))),
+                        callback=lambda answer, context=context: settle(context, answer, None),
+                        errback=lambda exc, context=context: settle(context, None, exc),
                     )
                 except DRIVER_ERRORS as exc:
-                    settle(InsertFailure(tasks, _describe(exc)))
+                    settle(context, None, exc)
                 except BaseException as exc:
-                    settle(InsertFailure(tasks, _describe(exc)))
+                    settle(context, None, exc)
                     raise
         finally:  # even when the loop fails, wait for what is in flight before returning
             with lock:
@@ -255,6 +314,42 @@ class CassandraTaskStore:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
         return _stored_task(row) if row is not None and row[2] is not None else None
 
+    def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
+        groups: dict[tuple[int, int], list[TaskId]] = defaultdict(list)
+        shard_count = self._shard_count
+        for task_id in dict.fromkeys(task_ids):  # without repeats, in order
+            groups[(minute_bucket(task_id.run_at_ms), task_id.shard(shard_count))].append(task_id)
+        query = self._q["read_tasks"]
+
+        def requests() -> Iterator[tuple[Statement, Partition]]:
+            for (bucket, shard), ids in groups.items():
+                key = rows.partition_key(bucket, shard)
+                for start in range(0, len(ids), GET_MANY_CHUNK):
+                    # Values serialised here, as the driver's bind would (see rows.py).
+                    statement = BoundStatement(query)
+                    statement.values = [key[0], key[1], rows.clustering_keys(ids[start:start + GET_MANY_CHUNK])]
+                    yield statement, Partition(bucket, shard)
+
+        wanted = {task_id.bytes: task_id for task_id in task_ids}
+        answers: list[Any] = []
+        failures = self._send_all(requests(), self._read_slots, answers.append)
+        if failures:
+            partition, exc = failures[0]
+            message = (
+                f"reading tasks failed in {len(failures)} of {len(groups)} partitions, "
+                f"e.g. {partition}: {_describe(exc)}"
+            )
+            if isinstance(exc, NoHostAvailable):
+                raise StoreUnavailable(message) from exc
+            raise StoreError(message) from exc
+        found: dict[TaskId, StoredTask] = {}
+        for answer in answers:
+            for row in answer:
+                if row[1] is not None:  # a row holding only a status is not a task
+                    task_id = wanted[row[0]]
+                    found[task_id] = _home_row(task_id, row)
+        return found
+
     def _key(self, task_id: TaskId) -> tuple[object, ...]:
         """The bound primary key of the task's home row."""
         run_at = task_id.run_at_ms
@@ -278,8 +373,9 @@ class CassandraTaskStore:
 
     def _status_statement(self, report: StatusReport) -> Statement:
         timestamp = status_write_timestamp_us(report.task_id, report.attempt, report.status)
+        error = bounded_error(report.error) or ""  # '' rather than a tombstone: see the module's docstring
         return self._q["set_status"].bind(
-            (timestamp, report.status.value, report.attempt, *self._key(report.task_id))
+            (timestamp, report.status.value, report.attempt, error, *self._key(report.task_id))
         )
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
@@ -421,11 +517,28 @@ def _describe(exc: BaseException) -> str:
 
 
 def _stored_task(row: Sequence[Any]) -> StoredTask:
-    run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt = row
+    (run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
+     error) = row
     task = Task(
         id=TaskId.from_uuid(task_uuid), tenant=tenant, type=type_, payload=payload,
         run_at_ms=to_ms(_utc(run_at)), priority=Priority.from_code(priority), attempt=attempt,
         max_attempts=max_attempts, idempotency_key=key,
     )
-    return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0)
+    return StoredTask(
+        task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error or None
+    )
 
+
+_STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
+_STATUSES.update({None: TaskStatus.SCHEDULED, "": TaskStatus.SCHEDULED})
+
+
+def _home_row(task_id: TaskId, row: Sequence[Any]) -> StoredTask:
+    """A `read_tasks` row of `task_id`'s home row, on `get_many`'s hot path: the id and
+    `run_at` are the caller's, and the fields, checked when the task was inserted, are
+    not checked again (about half the cost of building a row)."""
+    _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error = row
+    task = Task.unchecked(
+        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key
+    )
+    return StoredTask(task, _STATUSES[status], status_attempt or 0, error or None)

@@ -10,6 +10,11 @@ i.e. after the WAL was fsynced (`synchronous="NORMAL"` trades the last commits o
 loss, not on a process crash, for speed). Several processes may open the same file:
 SQLite serialises writers, and each write waits up to `busy_timeout_s` for its turn.
 Within a process one connection is shared under a lock.
+
+Status reports carry an error (`last_error`), set in the same conditional update as
+the status, so it is replaced exactly when the status is; errors are cut to
+`MAX_ERROR_CHARS` (`bounded_error`, the same rule as the Cassandra store's). A file made
+before that column existed gets it when it is opened (`ALTER TABLE ... ADD COLUMN`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     status          TEXT,
     status_attempt  INTEGER,
     status_rank     INTEGER,
+    last_error      TEXT,
     PRIMARY KEY (minute_bucket, shard, run_at, task_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS partition_fences (
@@ -83,7 +89,16 @@ keeps the B-tree pages of a minute's 64 partitions in memory while a burst is wr
 which bench/ingest.py measured at 1.4x the inserts per second."""
 
 _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, " \
-           "status, status_attempt"
+           "status, status_attempt, last_error"
+
+ADDED_COLUMNS = (("tasks", "last_error", "TEXT"),)
+"""Columns added to a table after files were made without them: `(table, column, type)`."""
+
+GET_MANY_CHUNK = 200
+"""Ids per `get_many` query (4 parameters each, well under SQLite's 32,766)."""
+
+MAX_ERROR_CHARS = 2000
+"""Longest error text kept with a status (see `bounded_error`)."""
 
 _UPSERT = """
 INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, attempt,
@@ -98,12 +113,24 @@ _HOME_ROW = "minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?"
 """The predicate that picks one row by its primary key (see `_locate`)."""
 
 _STATUS_UPDATE = f"""
-UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?
+UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?, last_error = ?
 WHERE {_HOME_ROW}
   AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
 """
 
-Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None]
+Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None, str | None]
+
+
+def bounded_error(error: str | None) -> str | None:
+    """`error` cut to at most `MAX_ERROR_CHARS` characters, the cut marked with how much
+    was left out. The store bounds what it keeps whoever reports: a traceback or a
+    response body can be any size, and every read of the task carries it. (The same
+    rule as `scheduler.adapters.cassandra.store.bounded_error`, which this module cannot
+    import without the Cassandra driver.)"""
+    if error is None or len(error) <= MAX_ERROR_CHARS:
+        return error
+    marker = f"... [{len(error)} characters, cut]"
+    return error[:MAX_ERROR_CHARS - len(marker)] + marker
 
 
 class SqliteTaskStore:
@@ -133,6 +160,7 @@ class SqliteTaskStore:
                 for statement in SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
+                add_missing_columns(db)
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('shard_count', ?)", (str(shard_count),))
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('created_ms', ?)", (str(time.time_ns() // 1_000_000),))
                 (recorded,) = db.execute("SELECT value FROM meta WHERE name = 'shard_count'").fetchone()
@@ -240,6 +268,25 @@ class SqliteTaskStore:
         )
         return _stored_task(rows[0]) if rows else None
 
+    def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
+        wanted = {task_id.bytes: task_id for task_id in task_ids}
+        unique = list(wanted.values())
+        found: dict[TaskId, StoredTask] = {}
+        for start in range(0, len(unique), GET_MANY_CHUNK):
+            chunk = unique[start:start + GET_MANY_CHUNK]
+            # A join on the ids' primary keys: one primary-key lookup per id, in one query.
+            keys = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+            rows = self._read(
+                f"WITH wanted (b, s, r, i) AS (VALUES {keys}) "
+                f"SELECT {_COLUMNS} FROM wanted CROSS JOIN tasks "
+                "ON minute_bucket = b AND shard = s AND run_at = r AND task_id = i",
+                [value for task_id in chunk for value in self._locate(task_id)],
+            )
+            for row in rows:
+                task_id = wanted[row[1]]
+                found[task_id] = _home_row(task_id, row)
+        return found
+
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         key = self._locate(task_id)
         with self._transaction() as db:
@@ -250,13 +297,13 @@ class SqliteTaskStore:
                 return refusal
             assert found is not None  # a missing task is refused above
             attempt = found.latest_attempt
-            db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, *key,
+            db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None, *key,
                                         attempt, attempt, TaskStatus.CANCELLED.rank))
         return CancelOutcome.CANCELLED
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         rows = [
-            (report.status.value, report.attempt, report.status.rank,
+            (report.status.value, report.attempt, report.status.rank, bounded_error(report.error),
              *self._locate(report.task_id), report.attempt, report.attempt, report.status.rank)
             for report in reports
         ]
@@ -319,10 +366,34 @@ class SqliteTaskStore:
             self._db.close()
 
 
+def add_missing_columns(db: sqlite3.Connection) -> None:
+    """Add the `ADDED_COLUMNS` a file made before them lacks (inside the opening
+    transaction, so two processes opening an old file at once add each column once)."""
+    for table, column, type_ in ADDED_COLUMNS:
+        present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
+
+
+_STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
+_STATUSES[None] = TaskStatus.SCHEDULED
+
+
+def _home_row(task_id: TaskId, row: Row) -> StoredTask:
+    """A row of `task_id`'s home row, on `get_many`'s hot path: the id is the caller's,
+    and the fields, checked when the task was inserted, are not checked again."""
+    _, _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error = row
+    task = Task.unchecked(
+        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key
+    )
+    return StoredTask(task, _STATUSES[status], status_attempt or 0, error)
+
+
 def _stored_task(row: Row) -> StoredTask:
-    run_at, id_bytes, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt = row
+    (run_at, id_bytes, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
+     error) = row
     task = Task(
         id=TaskId.from_bytes(id_bytes), tenant=tenant, type=type_, payload=payload, run_at_ms=run_at,
         priority=Priority.from_code(priority), attempt=attempt, max_attempts=max_attempts, idempotency_key=key,
     )
-    return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0)
+    return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error)
