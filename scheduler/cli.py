@@ -502,3 +502,6 @@ def main(argv: list[str] | None = None) -> None:
     except SchedulerError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(exit_code_for(error))
+
+
+from scheduler import worker_commands  # noqa: E402, F401  (registers `worker` and `dlq` on `cli`)

@@ -8,14 +8,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.dispatcher.shard import topic_tags
+from scheduler.errors import ConfigError
 from scheduler.handoff import LogHandoff
-from scheduler.ports import Coordinator, Handoff, HandoffReader, Publisher, TaskStore
+from scheduler.ports import (
+    Consumer,
+    Coordinator,
+    EffectLedger,
+    Handoff,
+    HandoffReader,
+    Publisher,
+    TaskStore,
+    TopicPartition,
+    TopicScanner,
+)
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
 
 
@@ -122,3 +133,92 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
         stack.callback(reader.close)
         stack.callback(coordinator.close)
         yield DispatcherParts(store, coordinator, publisher, reader, settings.topics())
+
+
+POOL_TOPICS = {"default": ("high", "normal", "low"), "long": ("long",)}
+"""The ready topics each worker pool consumes (short names)."""
+
+
+@dataclass
+class WorkerParts:
+    store: TaskStore
+    ledger: EffectLedger
+    publisher: Publisher
+    handoff: Handoff
+    consumer_factory: Callable[[Callable[[list[TopicPartition]], None]], Consumer]
+    topics: dict[str, str]
+    """Short name -> ready topic, of the pool's topics."""
+    dead_letter_topic: str
+
+
+@contextmanager
+def open_worker_parts(settings: BackendSettings, member: str, pool: str,
+                      session_timeout_s: float = 10.0) -> Iterator[WorkerParts]:
+    """Everything a worker of `pool` talks to, checked reachable."""
+    if pool not in POOL_TOPICS:
+        raise ConfigError(f"unknown pool {pool!r}: use one of {', '.join(POOL_TOPICS)}")
+    topics = {name: settings.kafka.ready_topic(name) for name in POOL_TOPICS[pool]}
+    group = settings.kafka.worker_group(pool)
+    with ExitStack() as stack:
+        store = stack.enter_context(open_store(settings))
+        handoff = stack.enter_context(open_handoff(settings, store.shard_count))
+        ledger: EffectLedger
+        publisher: Publisher
+        consumer_factory: Callable[[Callable[[list[TopicPartition]], None]], Consumer]
+        if settings.backend == "embedded":
+            from scheduler.adapters.embedded.effects import SqliteEffectLedger
+            from scheduler.adapters.embedded.queue import SqliteQueue
+
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            stack.callback(queue.close)
+            publisher = queue.publisher()
+            sqlite_ledger = SqliteEffectLedger(settings.db)
+            stack.callback(sqlite_ledger.close)
+            ledger = sqlite_ledger
+
+            def consumer_factory(on_revoked: Callable[[list[TopicPartition]], None]) -> Consumer:
+                return queue.consumer(group, list(topics.values()), member=member, on_revoked=on_revoked,
+                                      session_timeout_s=session_timeout_s)
+        else:
+            from scheduler.adapters.cassandra.effects import CassandraEffectLedger
+            from scheduler.adapters.cassandra.store import CassandraTaskStore
+            from scheduler.adapters.kafka.consumer import KafkaConsumer
+            from scheduler.adapters.kafka.publisher import KafkaPublisher
+            from scheduler.adapters.kafka.topics import ensure_topics
+
+            assert isinstance(store, CassandraTaskStore)
+            ensure_topics(settings.kafka, shard_count=store.shard_count)
+            kafka_publisher = KafkaPublisher(settings.kafka, client_id=member)
+            stack.callback(kafka_publisher.close)
+            kafka_publisher.check()
+            publisher = kafka_publisher
+            ledger = CassandraEffectLedger.for_store(store)
+
+            def consumer_factory(on_revoked: Callable[[list[TopicPartition]], None]) -> Consumer:
+                return KafkaConsumer(settings.kafka, group, list(topics.values()), member=member,
+                                     on_revoked=on_revoked, session_timeout_s=session_timeout_s)
+        yield WorkerParts(store, ledger, publisher, handoff, consumer_factory, topics,
+                          settings.kafka.dead_letter_topic)
+
+
+@contextmanager
+def open_dead_letters(settings: BackendSettings) -> Iterator[tuple[TopicScanner, Publisher]]:
+    """A scanner of the dead-letter topic and a publisher to append replay markers."""
+    with ExitStack() as stack:
+        scanner: TopicScanner
+        publisher: Publisher
+        if settings.backend == "embedded":
+            from scheduler.adapters.embedded.queue import SqliteQueue
+
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            stack.callback(queue.close)
+            scanner, publisher = queue.scanner(), queue.publisher()
+        else:
+            from scheduler.adapters.kafka.consumer import KafkaTopicScanner
+            from scheduler.adapters.kafka.publisher import KafkaPublisher
+
+            scanner = KafkaTopicScanner(settings.kafka)
+            kafka_publisher = KafkaPublisher(settings.kafka, client_id="dlq")
+            stack.callback(kafka_publisher.close)
+            publisher = kafka_publisher
+        yield scanner, publisher

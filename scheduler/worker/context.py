@@ -1,0 +1,146 @@
+"""`Context`: what a handler knows about the attempt it runs, and `once`, its guard
+for side effects.
+
+What `once` guarantees, and what it cannot
+------------------------------------------
+Delivery is at least once: an attempt may run twice (a worker killed after the handler
+returned but before its offset was committed; a message republished by a dispatcher
+that lost its lease). `ctx.once(key, effect)` makes such a repeat skip the effects the
+earlier run completed, through the effect ledger (`EffectLedger`):
+
+1. claim `(tenant, key)` in the ledger, an atomic insert-if-absent that expires after
+   the claim time (the handler's timeout, or `CLAIM_S`);
+2. run `effect()`;
+3. record the key as done; if the effect raised, drop the claim instead, so a retry can
+   run it again.
+
+- A repeat that finds the key done skips the effect: `once` returns `False`.
+- Two copies running at the same moment never both run it: the second finds the claim
+  held (`EffectBusy`, a retryable failure) and is retried after a backoff.
+- **The gap that remains**: a worker that dies after step 2 and before step 3 leaves an
+  effect that happened but a claim that is not done. When the claim expires, the next
+  attempt runs the effect again. The ledger narrows the window to the time between the
+  effect's return and one ledger write (about a millisecond), it cannot close it: no
+  store can commit atomically with an SMS gateway. For an effect that must never
+  repeat, pass the effect key on to the provider as its own idempotency key as well
+  (most SMS and payment APIs take one), which is what `ctx.effect_key(key)` is for.
+- A worker that dies between steps 1 and 2 delays the effect by the claim time, it
+  does not lose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from scheduler.model import Task, TaskId
+from scheduler.ports import EffectClaim, EffectLedger
+from scheduler.worker.policy import RetryableError
+
+T = TypeVar("T")
+
+CLAIM_S = 60.0
+"""How long a claim holds when the handler has no timeout."""
+
+
+class EffectBusy(RetryableError):
+    """Another attempt holds the claim on this effect right now; retried after a backoff."""
+
+
+@dataclass
+class Context:
+    """The attempt a handler runs. `fence` is the lease token the task was published under."""
+
+    task: Task
+    fence: int
+    ledger: EffectLedger | None = None
+    claim_s: float = CLAIM_S
+    worker: str = "worker"
+    effects_run: int = field(default=0)
+    effects_skipped: int = field(default=0)
+
+    @property
+    def task_id(self) -> TaskId:
+        return self.task.id
+
+    @property
+    def attempt(self) -> int:
+        return self.task.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self.task.max_attempts
+
+    @property
+    def tenant(self) -> str:
+        return self.task.tenant
+
+    @property
+    def type(self) -> str:
+        return self.task.type
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.task.idempotency_key
+
+    @property
+    def run_at_ms(self) -> int:
+        """When this attempt was due."""
+        return self.task.run_at_ms
+
+    def effect_key(self, key: str) -> str:
+        """A key naming effect `key` of this task, the same in every attempt: hand it to a
+        provider that deduplicates requests (e.g. an SMS API's idempotency header)."""
+        return f"{self.task.id}:{key}"
+
+    def once(self, key: str, effect: Callable[[], T]) -> bool:
+        """Run `effect()` unless an earlier attempt of any task of this tenant recorded
+        `key` as done; True if it ran. See the module docstring for the guarantee."""
+        owner = self._claim(key)
+        if owner is None:
+            return False
+        try:
+            effect()
+        except BaseException:
+            self._release(key, owner)
+            raise
+        self._done(key, owner)
+        return True
+
+    async def once_async(self, key: str, effect: Callable[[], Awaitable[Any]]) -> bool:
+        """`once` for an `async def` handler: `effect` returns an awaitable. The ledger's
+        calls run on a thread, so the event loop keeps serving other tasks."""
+        owner = await asyncio.to_thread(self._claim, key)
+        if owner is None:
+            return False
+        try:
+            await effect()
+        except BaseException:
+            await asyncio.to_thread(self._release, key, owner)
+            raise
+        await asyncio.to_thread(self._done, key, owner)
+        return True
+
+    def _claim(self, key: str) -> str | None:
+        """The owner name under which the claim is held, or None if the effect is done."""
+        if self.ledger is None:
+            raise RuntimeError("ctx.once needs the worker's effect ledger; this context has none")
+        owner = f"{self.task.id}/{self.task.attempt}/{self.worker}"
+        outcome = self.ledger.claim(self.task.tenant, key, owner, self.claim_s)
+        if outcome is EffectClaim.DONE:
+            self.effects_skipped += 1
+            return None
+        if outcome is EffectClaim.BUSY:
+            raise EffectBusy(f"effect {key!r} is being run by another attempt right now")
+        return owner
+
+    def _done(self, key: str, owner: str) -> None:
+        assert self.ledger is not None
+        self.ledger.done(self.task.tenant, key, owner)
+        self.effects_run += 1
+
+    def _release(self, key: str, owner: str) -> None:
+        assert self.ledger is not None
+        self.ledger.release(self.task.tenant, key, owner)

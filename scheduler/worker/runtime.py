@@ -1,0 +1,612 @@
+"""`Worker`: consumes the ready topics of one pool, runs handlers, settles outcomes.
+
+Threads, and who owns what:
+
+- the **main loop** (`run`) owns the consumer and every piece of bookkeeping: it polls,
+  decodes, checks each polled batch against the tasks' home rows, buffers runnable
+  tasks per topic, starts them in weighted order (`serving.WeightedServing`), turns
+  finished handlers into plans for the settler, and commits positions;
+- **handler threads** (a pool of `concurrency`) run plain handlers, and one **event
+  loop** thread runs `async def` handlers; together at most `concurrency` at a time;
+- the **settler** (`settle.Settler`) makes outcomes durable and hands them back.
+
+A message's life: polled → checked → buffered → started → finished → settled →
+committed. Its offset is committed only once it is settled (`progress.Progress`), so a
+worker killed at any step loses nothing: the group gives its partitions to another
+member, which receives again everything that was not committed.
+
+The check of the home row. Before running a message the worker may read the task's
+home row (one store query per partition per polled batch) and skip a task that is
+cancelled, done or dead, one whose home row reports a newer attempt, and one whose same
+attempt already failed (its retry is scheduled). If the check itself fails, the batch
+runs unchecked: a repeat is allowed, a stall is not. Which messages are checked is
+`WorkerConfig.check` (`CHECKS`):
+
+- `suspect` (the default) checks the messages that can be repeats: retries
+  (attempt > 1); messages of a partition this worker began reading less than
+  `suspect_window_s` ago (after a start or a rebalance, where the uncommitted tail of
+  the previous reader is delivered again); messages older than that window (a backlog,
+  or a re-fire); and messages with a stale fencing token. A fresh first attempt on a
+  steady partition is run without a read: at 9:00 that read would be one more store
+  request per task for nothing, since such a message is almost never a repeat, and
+  `ctx.once` still guards its effects if it is. The cost: a cancel that lands in the
+  second between a task's firing and its start may not stop it (a cancel never stops a
+  running attempt either);
+- `always` checks every message; `never` none.
+
+Stale fencing tokens. Each message carries the token of the shard lease it was fired
+under; the worker learns each shard's current token from the store (`shards` table,
+refreshed every few seconds). A message with an older token came from a dispatcher that
+has since lost the shard. It is **counted (`stale_fence`) and run anyway**: the new owner
+re-fires only what is after the cursor the old owner persisted, so a stale message for
+a task at or before that cursor is the only copy there will ever be, and dropping it
+would lose the task. A stale copy that is a true duplicate is absorbed like any other
+repeat, by the home-row check and by `ctx.once`.
+
+Timeouts. An `async` handler past its timeout is cancelled. A plain handler cannot be
+stopped from outside its thread: past its timeout the attempt is settled as failed
+(and retried), the thread's eventual result is ignored, and its slot stays taken until
+it returns, so a stuck handler shows as lost concurrency, never as extra threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from scheduler.errors import InvalidMessage, SchedulerError
+from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId, decode_message, decode_payload
+from scheduler.ports import (
+    Consumer,
+    Delivery,
+    EffectLedger,
+    Handoff,
+    Publisher,
+    StatusReport,
+    StoredTask,
+    TaskStatus,
+    TaskStore,
+    TopicPartition,
+)
+from scheduler.worker import dead_letters
+from scheduler.worker.app import App, Handler
+from scheduler.worker.context import CLAIM_S, Context
+from scheduler.worker.policy import RetryableError, attempts_allowed, backoff_s, is_permanent
+from scheduler.worker.progress import Progress
+from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
+from scheduler.worker.settle import Plan, Settler, running_report
+
+CHECKS = ("suspect", "always", "never")
+
+log = logging.getLogger(__name__)
+
+ConsumerFactory = Callable[[Callable[[list[TopicPartition]], None]], Consumer]
+"""Makes the pool's consumer, given the callback for partitions taken away."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    member: str
+    pool: str = "default"
+    topics: Mapping[str, str] = field(default_factory=dict)
+    """Short name (`high`, `normal`, `low`, `long`) -> topic, of the topics this pool reads."""
+    dead_letter_topic: str = "scheduler.dead"
+    concurrency: int = 8
+    poll_batch: int = 500
+    buffer_per_topic: int = 2000
+    """Buffered messages of one topic above which its partitions are paused."""
+    weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    commit_interval_s: float = 0.5
+    fence_refresh_s: float = 5.0
+    drain_timeout_s: float = 30.0
+    """On stop: how long in-flight handlers may take to finish before the worker leaves."""
+    shard_count: int = 64
+    check: str = "suspect"
+    """Which messages are checked against their home rows before running: `always`,
+    `never`, or `suspect` (see `CHECKS`)."""
+    suspect_window_s: float = 30.0
+
+
+@dataclass
+class WorkerStats:
+    received: int = 0
+    started: int = 0
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    skipped_cancelled: int = 0
+    skipped_finished: int = 0
+    skipped_superseded: int = 0
+    stale_fence: int = 0
+    undecodable: int = 0
+    unknown_type: int = 0
+    timed_out: int = 0
+    check_failures: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    revoked: int = 0
+    effects_run: int = 0
+    effects_skipped: int = 0
+    served: dict[str, int] = field(default_factory=dict)
+    started_ms: int = field(default_factory=wall_clock_ms)
+
+
+@dataclass(eq=False)
+class Job:
+    """A message on its way through the worker."""
+
+    delivery: Delivery
+    message: Message
+    handler: Handler
+    topic: str
+    started_at: float = 0.0
+    deadline: float | None = None
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    job: Job
+    error: BaseException | None
+    payload_error: str | None = None
+    context: Context | None = None
+
+
+class Worker:
+    """Runs one pool's handlers; `run()` blocks until `stop()` (or SIGTERM via the CLI)."""
+
+    def __init__(
+        self,
+        app: App,
+        config: WorkerConfig,
+        *,
+        consumer_factory: ConsumerFactory,
+        store: TaskStore,
+        publisher: Publisher,
+        handoff: Handoff | None,
+        ledger: EffectLedger | None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        on_started: Callable[[Job], None] | None = None,
+    ) -> None:
+        if config.concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {config.concurrency}")
+        self.app = app
+        self.config = config
+        self.stats = WorkerStats(served=dict.fromkeys(config.topics, 0))
+        self._consumer_factory = consumer_factory
+        self._store = store
+        self._ledger = ledger
+        self._clock_ms = clock_ms
+        self._on_started = on_started
+        self._short_names = {topic: name for name, topic in config.topics.items()}
+        self._buffers: dict[str, deque[Job]] = {name: deque() for name in config.topics}
+        self._paused: set[str] = set()
+        self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
+        self._progress = Progress()
+        self._running: dict[Job, None] = {}
+        self._zombies = 0
+        self._completions: queue.SimpleQueue[Finished] = queue.SimpleQueue()
+        self._early: list[Finished] = []
+        self._first_seen: dict[TopicPartition, float] = {}
+        self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
+        self._fences: dict[int, int] = {}
+        self._fence_shards: set[int] = set()
+        self._fences_read_at = 0.0
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._settler = Settler(
+            store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
+            on_settled=self._settled.put, clock_ms=clock_ms,
+        )
+        self._executor = concurrent.futures.ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._consumer: Consumer | None = None
+        self.abandoned = 0
+        """Handlers still running when `run` returned (past the drain timeout)."""
+
+    # Control.
+
+    def stop(self) -> None:
+        """Ask the worker to finish in-flight work, commit and leave (from any thread)."""
+        self._stop.set()
+
+    def wait_stopped(self, timeout_s: float) -> bool:
+        return self._stopped.wait(timeout_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        stats = {k: v for k, v in vars(self.stats).items()}
+        stats["settler"] = dict(vars(self._settler.stats))
+        stats["running"] = len(self._running)
+        stats["zombies"] = self._zombies
+        stats["buffered"] = {name: len(buffer) for name, buffer in self._buffers.items()}
+        stats["paused"] = sorted(self._paused)
+        return stats
+
+    def run(self) -> None:
+        self._settler.start()
+        if any(handler.is_async for handler in self.app.handlers()):
+            self._start_loop()
+        consumer = self._consumer = self._consumer_factory(self._revoked)
+        try:
+            while not self._stop.is_set():
+                self._turn(consumer)
+            self._drain(consumer)
+        finally:
+            try:
+                consumer.close()
+            finally:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._stop_loop()
+                self._stopped.set()
+
+    # The main loop.
+
+    def _turn(self, consumer: Consumer) -> None:
+        full = len(self._running) + self._zombies >= self.config.concurrency
+        buffered = any(self._buffers.values())
+        timeout = 0.0 if full or buffered else 0.01 if self._running else 0.1
+        deliveries = consumer.poll(self.config.poll_batch, timeout)
+        if deliveries:
+            self._admit(deliveries)
+        elif full:
+            self._wait_for_completion(0.01)  # a slot frees when a handler finishes: wake then
+        self._start_ready()
+        self._collect()
+        self._take_settled()
+        self._expire()
+        self._flow_control(consumer)
+        self._maybe_commit(consumer)
+        self._maybe_refresh_fences()
+
+    def _wait_for_completion(self, timeout_s: float) -> None:
+        try:
+            self._early.append(self._completions.get(timeout=timeout_s))
+        except queue.Empty:
+            pass
+
+    def _admit(self, deliveries: list[Delivery]) -> None:
+        self.stats.received += len(deliveries)
+        decoded: list[tuple[Delivery, Message]] = []
+        for delivery in deliveries:
+            self._progress.received((delivery.topic, delivery.partition), delivery.offset)
+            try:
+                decoded.append((delivery, decode_message(delivery.value)))
+            except InvalidMessage as exc:
+                self.stats.undecodable += 1
+                self._dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
+        suspects = [message.task.id for delivery, message in decoded
+                    if self._note_fence(message) and self._suspect(delivery, message)]
+        homes = self._homes(suspects)
+        for delivery, message in decoded:
+            task = message.task
+            if homes is not None and self._skip(task.attempt, homes.get(task.id)):
+                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
+                continue
+            handler = self.app.lookup(task.type)
+            if handler is None:
+                self.stats.unknown_type += 1
+                self._dead(delivery, message, dead_letters.UNKNOWN_TYPE,
+                           f"no handler for task type {task.type!r} in app {self.app.name!r}")
+                continue
+            name = self._short_names.get(delivery.topic, next(iter(self._buffers)))
+            self._buffers[name].append(Job(delivery, message, handler, name))
+
+    def _suspect(self, delivery: Delivery, message: Message) -> bool:
+        """Whether to check this message against its home row (see `CHECKS`)."""
+        check = self.config.check
+        if check != "suspect":
+            return check == "always"
+        partition = (delivery.topic, delivery.partition)
+        now = time.monotonic()
+        first_seen = self._first_seen.setdefault(partition, now)
+        return (
+            message.task.attempt > 1
+            or now - first_seen < self.config.suspect_window_s
+            or self._clock_ms() - delivery.timestamp_ms > self.config.suspect_window_s * 1000
+            or message.fence < self._fences.get(message.task.id.shard(self.config.shard_count), 0)
+        )
+
+    def _homes(self, ids: list[TaskId]) -> dict[TaskId, StoredTask] | None:
+        if not ids:
+            return {}
+        try:
+            return self._store.get_many(ids)
+        except SchedulerError as exc:
+            self.stats.check_failures += 1
+            log.warning("home-row check of %d tasks failed; running them unchecked: %s", len(ids), exc)
+            return None
+
+    def _skip(self, attempt: int, home: StoredTask | None) -> bool:
+        """Whether the home row says this attempt must not run (see the module docstring)."""
+        if home is None:
+            return False
+        if home.status is TaskStatus.CANCELLED:
+            self.stats.skipped_cancelled += 1
+            return True
+        if home.status.finished:
+            self.stats.skipped_finished += 1
+            return True
+        if home.status_attempt > attempt or (home.status_attempt == attempt and home.status is TaskStatus.FAILED):
+            self.stats.skipped_superseded += 1
+            return True
+        return False
+
+    def _start_ready(self) -> None:
+        buffers = self._buffers
+        while len(self._running) + self._zombies < self.config.concurrency:
+            name = self._serving.pick(lambda topic: bool(buffers[topic]))
+            if name is None:
+                return
+            job = buffers[name].popleft()
+            self.stats.served[name] = self.stats.served.get(name, 0) + 1
+            self._launch(job)
+
+    def _launch(self, job: Job) -> None:
+        task = job.message.task
+        timeout = job.handler.policy.timeout_s
+        job.started_at = time.monotonic()
+        job.deadline = None if timeout is None else job.started_at + timeout
+        self._running[job] = None
+        self.stats.started += 1
+        if self._on_started is not None:
+            self._on_started(job)
+        self._settler.submit(Plan(None, report=running_report(task)))
+        context = Context(task, job.message.fence, self._ledger, claim_s=(timeout or CLAIM_S) + 5.0,
+                          worker=self.config.member)
+        if job.handler.is_async:
+            if self._loop is None:
+                self._start_loop()
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(self._call_async(job, context), self._loop)
+        else:
+            self._executor.submit(self._call, job, context)
+
+    def _call(self, job: Job, context: Context) -> None:
+        try:
+            payload = decode_payload(job.message.task.payload)
+        except Exception as exc:  # a payload msgpack cannot read: no handler could
+            self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
+            return
+        try:
+            job.handler.function(context, payload)
+        except BaseException as exc:  # a handler's failure is an outcome, never the worker's
+            self._completions.put(Finished(job, exc, context=context))
+            return
+        self._completions.put(Finished(job, None, context=context))
+
+    async def _call_async(self, job: Job, context: Context) -> None:
+        try:
+            payload = decode_payload(job.message.task.payload)
+        except Exception as exc:
+            self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
+            return
+        try:
+            coroutine = job.handler.function(context, payload)
+            timeout = job.handler.policy.timeout_s
+            await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
+        except BaseException as exc:
+            self._completions.put(Finished(job, exc, context=context))
+            return
+        self._completions.put(Finished(job, None, context=context))
+
+    def _start_loop(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=loop.run_forever, name="handler-loop", daemon=True)
+        self._loop_thread.start()
+
+    def _stop_loop(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        self._loop_thread.join(5)
+        if not self._loop_thread.is_alive():
+            loop.close()
+
+    def _collect(self) -> None:
+        while True:
+            if self._early:
+                finished = self._early.pop()
+            else:
+                try:
+                    finished = self._completions.get_nowait()
+                except queue.Empty:
+                    return
+            job = finished.job
+            if job.finished:  # a plain handler returning after its timeout was settled
+                self._zombies -= 1
+                continue
+            job.finished = True
+            del self._running[job]
+            if finished.context is not None:
+                self.stats.effects_run += finished.context.effects_run
+                self.stats.effects_skipped += finished.context.effects_skipped
+            self._outcome(job, finished.error, finished.payload_error)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for job in [job for job in self._running if job.deadline is not None and now > job.deadline]:
+            if job.handler.is_async:
+                continue  # wait_for cancels it and reports the timeout itself
+            job.finished = True
+            del self._running[job]
+            self._zombies += 1
+            self.stats.timed_out += 1
+            error = TimeoutError(f"handler ran past its {job.handler.policy.timeout_s} s timeout")
+            self._outcome(job, error, None)
+
+    def _outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+        task = job.message.task
+        delivery = job.delivery
+        if error is None:
+            self.stats.done += 1
+            self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
+            return
+        text = describe(error)
+        policy = job.handler.policy
+        if payload_error is not None:
+            self._dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error)
+            return
+        if is_permanent(error, policy):
+            self._dead(delivery, job.message, dead_letters.PERMANENT, text)
+            return
+        if task.attempt >= attempts_allowed(task.max_attempts, policy):
+            self._dead(delivery, job.message, dead_letters.EXHAUSTED, text)
+            return
+        explicit = error.delay_s if isinstance(error, RetryableError) else None
+        delay_s = explicit if explicit is not None else backoff_s(task.attempt, policy)
+        retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
+        self.stats.retried += 1
+        self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
+                                  retry=retry))
+
+    def _dead(self, delivery: Delivery, message: Message | None, reason: str, error: str) -> None:
+        self.stats.dead += 1
+        task = None if message is None else message.task
+        task_id = task.id if task is not None else _id_of(delivery.value)
+        letter = dead_letters.DeadLetter(
+            message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,
+            type=task.type if task else None, attempt=task.attempt if task else 0, reason=reason, error=error,
+            source_topic=delivery.topic, dead_at_ms=self._clock_ms(),
+        )
+        report = None
+        if task is not None:
+            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, dead_letters.bounded(f"{reason}: {error}"))
+        log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
+        self._settler.submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
+
+    def _take_settled(self) -> None:
+        while True:
+            try:
+                deliveries = self._settled.get_nowait()
+            except queue.Empty:
+                return
+            for delivery in deliveries:
+                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
+
+    def _flow_control(self, consumer: Consumer) -> None:
+        limit = self.config.buffer_per_topic
+        for name, buffer in self._buffers.items():
+            topic = self.config.topics[name]
+            if len(buffer) >= limit and name not in self._paused:
+                consumer.pause([topic])
+                self._paused.add(name)
+            elif len(buffer) < limit // 2 and name in self._paused:
+                consumer.resume([topic])
+                self._paused.discard(name)
+
+    _last_commit = 0.0
+
+    def _maybe_commit(self, consumer: Consumer, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_commit < self.config.commit_interval_s:
+            return
+        self._last_commit = now
+        positions = self._progress.to_commit()
+        if not positions:
+            return
+        try:
+            consumer.commit(positions)
+        except SchedulerError as exc:
+            self.stats.commit_failures += 1
+            log.warning("commit failed (the messages will be delivered again if this worker dies): %s", exc)
+            return
+        self._progress.committed(positions)
+        self.stats.commits += 1
+
+    def _revoked(self, partitions: list[TopicPartition]) -> None:
+        """Partitions taken away (called inside `poll`): commit what is settled of them,
+        drop their buffered messages; their unsettled ones go to the next owner."""
+        self.stats.revoked += len(partitions)
+        self._take_settled()
+        lost = set(partitions)
+        positions = {p: pos for p, pos in self._progress.to_commit().items() if p in lost}
+        if positions and self._consumer is not None:
+            try:
+                self._consumer.commit(positions)
+            except SchedulerError as exc:
+                log.warning("commit of revoked partitions failed: %s", exc)
+        self._progress.forget(partitions)
+        for partition in partitions:
+            self._first_seen.pop(partition, None)
+        for name, buffer in self._buffers.items():
+            kept = [job for job in buffer if (job.delivery.topic, job.delivery.partition) not in lost]
+            if len(kept) != len(buffer):
+                self._buffers[name] = deque(kept)
+
+    def _drain(self, consumer: Consumer) -> None:
+        """Stop starting work, let running handlers finish, settle, commit."""
+        for name in self._buffers:
+            self._buffers[name].clear()  # never started: the next owner receives them
+        consumer.pause(list(self.config.topics.values()))
+        deadline = time.monotonic() + self.config.drain_timeout_s
+        while self._running and time.monotonic() < deadline:
+            consumer.poll(self.config.poll_batch, 0.05)  # keeps the membership alive
+            self._collect()
+            self._expire()
+            self._take_settled()
+        self.abandoned = len(self._running) + self._zombies
+        if self._running:
+            log.warning("%d handlers still running at the drain timeout; their tasks will be delivered again",
+                        len(self._running))
+        self._settler.stop(max(1.0, deadline - time.monotonic()))
+        self._take_settled()
+        self._maybe_commit(consumer, force=True)
+
+    # Fencing tokens.
+
+    def _note_fence(self, message: Message) -> bool:
+        """Count a stale token, learn a newer one; always True (used inside a filter)."""
+        shard = message.task.id.shard(self.config.shard_count)
+        self._fence_shards.add(shard)
+        current = self._fences.get(shard)
+        if current is not None and message.fence < current:
+            self.stats.stale_fence += 1
+        elif current is None or message.fence > current:
+            self._fences[shard] = message.fence
+        return True
+
+    def _maybe_refresh_fences(self) -> None:
+        now = time.monotonic()
+        if now - self._fences_read_at < self.config.fence_refresh_s or not self._fence_shards:
+            return
+        self._fences_read_at = now
+        shards, self._fence_shards = self._fence_shards, set()
+        threading.Thread(target=self._refresh_fences, args=(shards,), name="fences", daemon=True).start()
+
+    def _refresh_fences(self, shards: set[int]) -> None:
+        for shard in shards:
+            try:
+                token = self._store.read_shard(shard).lease_token
+            except SchedulerError:
+                return
+            if token is not None and token > self._fences.get(shard, -1):
+                self._fences[shard] = token
+
+
+def describe(error: BaseException) -> str:
+    """The error as a dead letter or a status shows it: type, message, and the last
+    frames of the traceback (bounded)."""
+    frames = traceback.format_exception(error, limit=-3)
+    return dead_letters.bounded("".join(frames).strip())
+
+
+def _id_of(value: bytes) -> TaskId | None:
+    """The task id of an undecodable message, if its bytes still hold one."""
+    try:
+        return TaskId.from_bytes(value[MESSAGE_ID_SLICE])
+    except SchedulerError:
+        return None

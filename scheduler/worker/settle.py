@@ -1,0 +1,182 @@
+"""The settler: the worker's one thread that makes outcomes durable, off the handler path.
+
+A handler's outcome needs writes before its message may be committed: the status
+report (`done`, `failed`, `dead`), a retry copy of the task in the store (and on the
+hand-off log when it falls due soon), a dead letter. The main loop queues each outcome
+as a `Plan`; the settler takes whatever has queued (up to `max_batch`), writes it as a
+few large requests (one store insert, one hand-off append, one dead-letter flush, one
+status write grouped by partition into unlogged batches), and only then hands the
+plans' deliveries back as settled, so the main loop may commit them.
+
+Status reports coalesce: a `running` report queued when a handler starts is dropped if
+the same attempt's `done` is in the same batch, so a handler that finishes within one
+batch interval costs one status write, not two.
+
+A failed write is retried, with backoff, until it succeeds or the worker stops: an
+outcome is never settled before it is durable, so a crash at any point loses nothing
+(the message is delivered again, and the home-row check or the ledger absorbs the
+repeat).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.errors import SchedulerError
+from scheduler.model import Task
+from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What must be durable before `delivery` may be committed (None: a report only)."""
+
+    delivery: Delivery | None
+    report: StatusReport | None = None
+    retry: Task | None = None
+    dead_letter: bytes | None = None
+
+
+@dataclass
+class SettlerStats:
+    batches: int = 0
+    reports_written: int = 0
+    reports_coalesced: int = 0
+    retries_stored: int = 0
+    retries_handed_off: int = 0
+    dead_letters: int = 0
+    write_failures: int = 0
+    last_error: str | None = field(default=None)
+
+
+class Settler:
+    def __init__(
+        self,
+        *,
+        store: TaskStore,
+        handoff: Handoff | None,
+        publisher: Publisher,
+        dead_letter_topic: str,
+        on_settled: Callable[[list[Delivery]], None],
+        handoff_window_ms: int = 120_000,
+        interval_s: float = 0.2,
+        max_batch: int = 5000,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._store = store
+        self._handoff = handoff
+        self._publisher = publisher
+        self._dead_letter_topic = dead_letter_topic
+        self._on_settled = on_settled
+        self._handoff_window_ms = handoff_window_ms
+        self._interval_s = interval_s
+        self._max_batch = max_batch
+        self._clock_ms = clock_ms
+        self._plans: queue.SimpleQueue[Plan] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="settler", daemon=True)
+        self.stats = SettlerStats()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, plan: Plan) -> None:
+        self._plans.put(plan)
+
+    def stop(self, timeout_s: float) -> bool:
+        """Settle what is queued (retrying failed writes until `timeout_s`), then stop.
+        False if plans were left unsettled (their messages will be delivered again)."""
+        self._deadline = time.monotonic() + timeout_s
+        self._stopping.set()
+        self._thread.join(timeout_s + 1)
+        return not self._thread.is_alive() and self._plans.empty()
+
+    def _run(self) -> None:
+        while True:
+            batch = self._take()
+            if batch:
+                self._settle(batch)
+            elif self._stopping.is_set():
+                return
+
+    def _take(self) -> list[Plan]:
+        try:
+            first = self._plans.get(timeout=self._interval_s)
+        except queue.Empty:
+            return []
+        batch = [first]
+        # Let a burst gather into one batch; the wait is short and off the handler path.
+        time.sleep(self._interval_s if not self._stopping.is_set() else 0)
+        while len(batch) < self._max_batch:
+            try:
+                batch.append(self._plans.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _settle(self, batch: list[Plan]) -> None:
+        delay = 0.1
+        while True:
+            try:
+                self._write(batch)
+            except SchedulerError as exc:
+                self.stats.write_failures += 1
+                self.stats.last_error = str(exc)
+                if self._stopping.is_set() and time.monotonic() > self._deadline:
+                    log.error("stopping with %d outcomes not durable (they will be delivered again): %s",
+                              len(batch), exc)
+                    return
+                log.warning("settling %d outcomes failed, retrying in %.1f s: %s", len(batch), delay, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.stats.batches += 1
+            self._on_settled([plan.delivery for plan in batch if plan.delivery is not None])
+            return
+
+    def _write(self, batch: Sequence[Plan]) -> None:
+        """Each kind of write at most once per batch; idempotent, so a retried batch
+        repeats nothing harmful (a retry copy's row is fixed by its id and run_at)."""
+        retries = [plan.retry for plan in batch if plan.retry is not None]
+        if retries:
+            failures = self._store.insert(retries)
+            if failures:
+                raise SchedulerError(f"{sum(len(f.tasks) for f in failures)} retry copies not stored: "
+                                     f"{failures[0].reason}")
+            self.stats.retries_stored += len(retries)
+            now = self._clock_ms()
+            soon = [task for task in retries if task.run_at_ms <= now + self._handoff_window_ms]
+            if soon and self._handoff is not None:
+                self._handoff.submitted(soon)
+                self.stats.retries_handed_off += len(soon)
+        letters = [plan.dead_letter for plan in batch if plan.dead_letter is not None]
+        if letters:
+            self._publisher.publish(self._dead_letter_topic, letters)
+            self._publisher.flush(30.0)
+            self.stats.dead_letters += len(letters)
+        reports = coalesce([plan.report for plan in batch if plan.report is not None])
+        if reports:
+            self._store.record_status(reports)
+            self.stats.reports_written += len(reports)
+            self.stats.reports_coalesced += sum(plan.report is not None for plan in batch) - len(reports)
+
+
+def coalesce(reports: Sequence[StatusReport]) -> list[StatusReport]:
+    """One report per task: the one the store would keep, by `(attempt, status.rank)`."""
+    best: dict[object, StatusReport] = {}
+    for report in reports:
+        held = best.get(report.task_id)
+        if held is None or (report.attempt, report.status.rank) >= (held.attempt, held.status.rank):
+            best[report.task_id] = report
+    return list(best.values())
+
+
+def running_report(task: Task) -> StatusReport:
+    return StatusReport(task.id, task.attempt, TaskStatus.RUNNING)

@@ -1,0 +1,116 @@
+"""The application the worker tests run, in-process or as `scheduler worker --app
+tests.worker.apps:app` processes, and the sink its handlers report to.
+
+The sink is a SQLite file named by `SCHEDULER_TEST_SINK` (or `Sink(path)`), shared by
+every worker process of a test: it records each handler start (task, attempt, when,
+which process) and each effect, so a test can count what ran and how often, across
+kills. Behaviour is chosen by the payload:
+
+    {"mode": "ok"}                      return at once
+    {"mode": "sleep", "s": 0.2}         sleep, then return
+    {"mode": "fail"}                    raise a retryable error (every attempt)
+    {"mode": "permanent"}               raise a permanent error
+    {"mode": "block_once", "marker": P} the first run creates file P and blocks for
+                                        minutes (to be killed); later runs return
+    {"effect": "k"}                     with any mode that returns: ctx.once("k", ...)
+                                        records one effect in the sink
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from scheduler.worker import App, Context, PermanentError
+
+
+class Sink:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS runs (task TEXT, attempt INT, type TEXT, started_ms INT, "
+                         "run_at_ms INT, pid INT, fence INT)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, task TEXT, attempt INT, pid INT)")
+
+    def run(self, ctx: Context) -> None:
+        self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", (
+            str(ctx.task_id), ctx.attempt, ctx.type, time.time_ns() // 1_000_000, ctx.run_at_ms, os.getpid(),
+            ctx.fence))
+
+    def effect(self, key: str, ctx: Context) -> None:
+        self._db.execute("INSERT INTO effects VALUES (?, ?, ?, ?)", (key, str(ctx.task_id), ctx.attempt, os.getpid()))
+
+    def runs(self) -> list[tuple[str, int, str, int, int, int, int]]:
+        return list(self._db.execute("SELECT * FROM runs ORDER BY started_ms, rowid"))
+
+    def effects(self) -> list[tuple[str, str, int, int]]:
+        return list(self._db.execute("SELECT * FROM effects ORDER BY rowid"))
+
+    def close(self) -> None:
+        self._db.close()
+
+
+_sink: Sink | None = None
+
+
+def sink() -> Sink:
+    global _sink
+    if _sink is None:
+        _sink = Sink(os.environ["SCHEDULER_TEST_SINK"])
+    return _sink
+
+
+app = App("worker-tests", backoff_base_s=0.5, backoff_cap_s=4)
+
+
+def behave(ctx: Context, payload: dict[str, Any]) -> None:
+    sink().run(ctx)
+    mode = payload.get("mode", "ok")
+    if mode == "sleep":
+        time.sleep(float(payload.get("s", 0.1)))
+    elif mode == "fail":
+        raise RuntimeError(f"provider timed out (attempt {ctx.attempt})")
+    elif mode == "permanent":
+        raise PermanentError(f"invalid phone number {payload.get('to', '+00')}")
+    elif mode == "block_once":
+        marker = Path(payload["marker"])
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            time.sleep(600)
+    if "effect" in payload:
+        ctx.once(payload["effect"], lambda: sink().effect(payload["effect"], ctx))
+
+
+@app.handler("sms")
+def sms(ctx: Context, payload: dict[str, Any]) -> None:
+    behave(ctx, payload)
+
+
+@app.handler("poison", max_attempts=4, jitter="none", backoff_base_s=1, backoff_cap_s=8)
+def poison(ctx: Context, payload: dict[str, Any]) -> None:
+    behave(ctx, {**payload, "mode": "fail"})
+
+
+@app.handler("report", pool="long")
+def report(ctx: Context, payload: dict[str, Any]) -> None:
+    behave(ctx, payload)
+
+
+@app.handler("reminder")
+async def reminder(ctx: Context, payload: dict[str, Any]) -> None:
+    sink().run(ctx)
+    await asyncio.sleep(float(payload.get("s", 0)))
+    if "effect" in payload:
+        await ctx.once_async(payload["effect"], lambda: asyncio.to_thread(sink().effect, payload["effect"], ctx))
+
+
+@app.handler("slow", timeout_s=0.3, max_attempts=2, jitter="none", backoff_base_s=0.2)
+def slow(ctx: Context, payload: dict[str, Any]) -> None:
+    sink().run(ctx)
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("s", 2)))

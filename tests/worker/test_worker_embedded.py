@@ -1,0 +1,243 @@
+"""The worker runtime on the embedded backend (SQLite store, queue and ledger), in one
+process: outcomes, skips, dead letters, retries, weighted serving, pools, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler.model import Priority, decode_message
+from scheduler.ports import Delivery, StatusReport, TaskStatus
+from scheduler.worker import App, Context, dead_letters
+from tests.worker.rig import EmbeddedRig, task, wait_for
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[EmbeddedRig]:
+    opened = EmbeddedRig(tmp_path)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def letters(rig: EmbeddedRig) -> list[dead_letters.DeadLetter]:
+    records = [Delivery("dead", 0, n, value, 0) for n, value in enumerate(rig.dead_letters())]
+    waiting, _, _ = dead_letters.waiting(records)
+    return waiting
+
+
+def test_a_handled_task_is_done_its_effect_recorded_and_its_offset_committed(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"effect": "sms-1"})])
+    worker = rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DONE, what="done")
+    assert [run[0] for run in rig.sink.runs()] == [str(item.id)]
+    assert [effect[0] for effect in rig.sink.effects()] == ["sms-1"]
+    wait_for(lambda: worker.stats.commits >= 1, what="a commit")
+    assert worker.stats.done == 1 and worker.stats.dead == 0
+
+
+def test_a_redelivered_task_that_is_done_is_skipped_and_its_effect_not_repeated(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"effect": "once-only"})])
+    first = rig.start(member="w1")
+    wait_for(lambda: rig.home(item).status is TaskStatus.DONE)
+    rig.fire([item], store=False)  # the same message again, e.g. from a re-fired cursor
+    wait_for(lambda: first.stats.skipped_finished == 1, what="the repeat skipped")
+    # A repeat that races past the home-row check is stopped by the ledger instead.
+    rig.store.record_status([StatusReport(item.id, 2, TaskStatus.RUNNING)])
+    rig.fire([item], store=False)
+    wait_for(lambda: first.stats.skipped_superseded == 1)
+    assert len(rig.sink.effects()) == 1
+
+
+def test_the_ledger_skips_an_effect_an_earlier_attempt_completed(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"effect": "pay-7"})])
+    worker = rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DONE)
+    (again,) = rig.fire([task("sms", {"effect": "pay-7"})])  # another task, same effect key, same tenant
+    wait_for(lambda: rig.home(again).status is TaskStatus.DONE)
+    assert len(rig.sink.effects()) == 1
+    assert worker.stats.effects_run == 1 and worker.stats.effects_skipped == 1
+
+
+def test_a_permanent_error_is_dead_at_once_with_its_error(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"mode": "permanent", "to": "+1"})])
+    rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DEAD, what="dead")
+    home = rig.home(item)
+    assert home.status_attempt == 1 and home.error is not None and "invalid phone number +1" in home.error
+    (letter,) = letters(rig)
+    assert (letter.task_id, letter.reason, letter.attempt) == (item.id, dead_letters.PERMANENT, 1)
+    assert decode_message(letter.message).task == item
+    assert len(rig.sink.runs()) == 1
+
+
+def test_a_retryable_failure_schedules_the_next_attempt_through_the_store(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"mode": "fail"})])
+    before = time.time_ns() // 1_000_000
+    rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.FAILED, what="failed")
+    home = rig.home(item)
+    assert home.status_attempt == 1 and "provider timed out (attempt 1)" in (home.error or "")
+    copies = [s.task for s in rig.store.read_partition(item.partition(rig.store.shard_count))
+              if s.task.id == item.id and s.task.attempt == 2]
+    if not copies:  # the copy may fall in the next minute's partition
+        bucket = item.minute_bucket + 60_000
+        copies = [s.task for s in rig.store.read_partition(type(item.partition())(bucket, item.id.shard()))
+                  if s.task.id == item.id]
+    (copy,) = copies
+    assert before <= copy.run_at_ms <= time.time_ns() // 1_000_000 + 500  # app: base 0.5 s, full jitter
+    assert (copy.payload, copy.tenant, copy.max_attempts) == (item.payload, item.tenant, item.max_attempts)
+    handed = [decode_message_or_none(value) for value in rig.handoffs()]
+    assert any(h is not None and h.run_at_ms == copy.run_at_ms for h in handed)
+
+
+def decode_message_or_none(value: bytes) -> Any:
+    from scheduler.handoff import HandedTask, decode
+
+    record = decode(value)
+    return record.task if isinstance(record, HandedTask) else None
+
+
+def test_the_last_attempt_failing_is_dead_with_attempts_exhausted(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"mode": "fail"}, attempt=3, max_attempts=3)])
+    rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DEAD)
+    (letter,) = letters(rig)
+    assert letter.reason == dead_letters.EXHAUSTED and "attempt 3" in letter.error
+
+
+def test_undecodable_and_unknown_type_messages_are_dead_lettered_and_the_worker_goes_on(rig: EmbeddedRig) -> None:
+    rig.publish_raw("normal", b"\xc1 not msgpack")
+    (unknown,) = rig.fire([task("fax")])
+    (bad_payload,) = rig.fire([replace(task("sms"), payload=b"\xc1")])
+    (after,) = rig.fire([task("sms")])
+    worker = rig.start()
+    wait_for(lambda: rig.home(after).status is TaskStatus.DONE)
+    wait_for(lambda: len(letters(rig)) == 3, what="three dead letters")
+    reasons = Counter(letter.reason for letter in letters(rig))
+    assert reasons == {dead_letters.UNDECODABLE: 2, dead_letters.UNKNOWN_TYPE: 1}
+    assert rig.home(unknown).status is TaskStatus.DEAD and "fax" in (rig.home(unknown).error or "")
+    assert rig.home(bad_payload).status is TaskStatus.DEAD and "payload" in (rig.home(bad_payload).error or "")
+    assert worker.stats.undecodable == 1 and worker.stats.unknown_type == 1
+    assert [run[0] for run in rig.sink.runs()] == [str(after.id)]
+
+
+def test_cancelled_tasks_are_not_run(rig: EmbeddedRig) -> None:
+    cancelled, kept = rig.fire([task("sms"), task("sms")])
+    assert rig.store.cancel(cancelled.id, "board").value == "cancelled"
+    worker = rig.start()
+    wait_for(lambda: rig.home(kept).status is TaskStatus.DONE)
+    wait_for(lambda: worker.stats.skipped_cancelled == 1)
+    assert [run[0] for run in rig.sink.runs()] == [str(kept.id)]
+
+
+def test_a_message_with_a_stale_fence_is_counted_and_still_run(rig: EmbeddedRig) -> None:
+    fresh = rig.fire([task("sms")], fence=7)[0]
+    worker = rig.start()
+    wait_for(lambda: rig.home(fresh).status is TaskStatus.DONE)
+    stale = next(c for c in (task("sms") for _ in range(10_000)) if c.id.shard() == fresh.id.shard())
+    rig.fire([stale], fence=6)
+    wait_for(lambda: rig.home(stale).status is TaskStatus.DONE)
+    assert worker.stats.stale_fence == 1
+
+
+def test_weighted_serving_is_7_2_1_under_a_full_backlog(rig: EmbeddedRig) -> None:
+    order: list[str] = []
+    gate = threading.Event()
+    app = App("weights")
+
+    @app.handler("sms")
+    def record(ctx: Context, payload: dict[str, Any]) -> None:
+        order.append(payload["p"])
+
+    for priority in (Priority.HIGH, Priority.NORMAL, Priority.LOW):
+        rig.fire([task("sms", {"p": priority.value}, priority=priority) for _ in range(300)])
+    gate.set()
+    rig.start(app, concurrency=1)
+    wait_for(lambda: len(order) >= 300, timeout_s=30, what="300 handled")
+    first = Counter(order[:300])
+    # The first 300 served out of a full backlog of all three: 7:2:1 to within one
+    # batch's rounding.
+    assert abs(first["high"] - 210) <= 10 and abs(first["normal"] - 60) <= 6 and abs(first["low"] - 30) <= 4, first
+
+
+def test_a_long_task_in_the_long_pool_does_not_delay_short_ones(rig: EmbeddedRig) -> None:
+    release = threading.Event()
+    app = App("pools")
+    long_started = threading.Event()
+
+    @app.handler("report", pool="long")
+    def report(ctx: Context, payload: dict[str, Any]) -> None:
+        long_started.set()
+        release.wait(60)
+
+    @app.handler("sms")
+    def sms(ctx: Context, payload: dict[str, Any]) -> None:
+        pass
+
+    (long_task,) = rig.fire([task("report")], topic="long")
+    rig.start(app, pool="long", member="long-1", concurrency=1)
+    assert long_started.wait(10)
+    shorts = rig.fire([task("sms") for _ in range(50)])
+    rig.start(app, pool="default", member="short-1", concurrency=1)
+    wait_for(lambda: all(rig.home(s).status is TaskStatus.DONE for s in shorts), what="the short tasks")
+    assert rig.home(long_task).status is TaskStatus.RUNNING
+    release.set()
+    wait_for(lambda: rig.home(long_task).status is TaskStatus.DONE)
+
+
+def test_async_handlers_run_and_their_effects_are_recorded_once(rig: EmbeddedRig) -> None:
+    items = rig.fire([task("reminder", {"s": 0.05, "effect": f"r-{n}"}) for n in range(20)])
+    rig.start(concurrency=20)
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items), what="async tasks")
+    assert sorted(e[0] for e in rig.sink.effects()) == sorted(f"r-{n}" for n in range(20))
+    runs = rig.sink.runs()
+    assert len(runs) == 20
+    # Twenty 50 ms handlers at concurrency 20 overlap on the event loop rather than queue.
+    assert max(r[3] for r in runs) - min(r[3] for r in runs) < 20 * 50
+
+
+def test_a_handler_past_its_timeout_is_failed_and_retried(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("slow", {"s": 1.5})])
+    worker = rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.FAILED, what="the timeout")
+    assert "timeout" in (rig.home(item).error or "") and worker.stats.timed_out == 1
+    # The second attempt (handed off as a retry copy) is not run here: no dispatcher.
+    # The first attempt's thread returns later; its "done" must not be recorded.
+    wait_for(lambda: worker.snapshot()["zombies"] == 0, what="the timed-out thread to return")
+    assert rig.home(item).status is TaskStatus.FAILED and worker.stats.done == 0
+
+
+def test_stop_finishes_in_flight_work_commits_and_leaves(rig: EmbeddedRig) -> None:
+    items = rig.fire([task("sms", {"mode": "sleep", "s": 0.5}) for _ in range(4)])
+    waiting = rig.fire([task("sms") for _ in range(20)])
+    worker, thread = rig.start(concurrency=4), rig.workers[-1][1]
+    wait_for(lambda: worker.stats.started >= 4, what="four started")
+    worker.stop()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert all(rig.home(i).status is TaskStatus.DONE for i in items)
+    handled = {run[0] for run in rig.sink.runs()}
+    # What was not started is not lost: a new member of the group receives it.
+    rig.start(member="w2")
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in waiting), what="the rest")
+    again = Counter(run[0] for run in rig.sink.runs())
+    assert all(again[str(i.id)] == 1 for i in items), "in-flight work was committed, not redelivered"
+    assert handled <= set(again)
+
+
+def test_a_stale_attempts_late_done_does_not_change_the_status(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"mode": "permanent"}, attempt=2)])
+    rig.start()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DEAD)
+    rig.store.record_status([StatusReport(item.id, 1, TaskStatus.DONE)])  # attempt 1, late
+    home = rig.home(item)
+    assert (home.status, home.status_attempt) == (TaskStatus.DEAD, 2)
