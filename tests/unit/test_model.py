@@ -20,6 +20,7 @@ from scheduler.model import (
     BUCKET_MS,
     MAX_PAYLOAD_BYTES,
     MESSAGE_ID_SLICE,
+    MESSAGE_VERSION,
     Message,
     Priority,
     Task,
@@ -350,3 +351,30 @@ def test_ids_made_by_many_threads_at_once_are_all_distinct() -> None:
     every = [task_id for into in made for task_id in into]
     assert len(every) == 80_000
     assert len(set(every)) == 80_000
+
+
+@given(
+    tenant=st.one_of(st.just("board"), st.just(""), st.integers(0, 1)),
+    type_=st.one_of(st.just("sms"), st.just(""), st.none()),
+    priority=st.one_of(st.integers(-1, 3), st.just("high")),
+    run_at_delta=st.integers(-2_000_000_000_000, 5000),
+    attempt=st.one_of(st.integers(-1, 102), st.booleans()),
+    max_attempts=st.one_of(st.integers(0, 102), st.just("5")),
+    key=st.one_of(st.none(), st.just(""), st.just("k"), st.just(7)),
+)
+def test_decoding_a_message_accepts_exactly_the_tasks_the_checked_constructor_accepts(
+    tenant: Any, type_: Any, priority: Any, run_at_delta: int, attempt: Any, max_attempts: Any, key: Any
+) -> None:
+    task_id = TaskId.new(1_796_202_000_000)
+    raw = msgpack.packb([MESSAGE_VERSION, task_id.bytes, tenant, type_, priority, run_at_delta, attempt,
+                         max_attempts, 3, key, b"\x80"], use_bin_type=True)
+    try:
+        expected: Task | None = Task(task_id, tenant, type_, b"\x80", task_id.run_at_ms + run_at_delta,
+                                     Priority.from_code(priority), attempt, max_attempts, key)
+    except InvalidTask:
+        expected = None
+    if expected is None:
+        with pytest.raises(InvalidMessage):
+            decode_message(raw)
+    else:
+        assert decode_message(raw) == Message(expected, 3)
