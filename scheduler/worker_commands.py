@@ -40,6 +40,7 @@ from scheduler.worker.runtime import CHECKS
 @click.option("--session-timeout", "session_timeout_s", type=float, default=10.0, show_default=True,
               help="Seconds after which a silent worker's partitions go to the others.")
 @click.option("--check", "check", type=click.Choice(CHECKS), default="suspect", show_default=True,
+              envvar="SCHEDULER_WORKER_CHECK", show_envvar=True,
               help="Which messages are checked against their task's stored status before running: "
                    "suspect (those that can be repeats: retries, backlog, just after a rebalance), always, "
                    "never.")

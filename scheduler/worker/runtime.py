@@ -105,8 +105,8 @@ class WorkerConfig:
     """Short name (`high`, `normal`, `low`, `long`) -> topic, of the topics this pool reads."""
     dead_letter_topic: str = "scheduler.dead"
     concurrency: int = 8
-    poll_batch: int = 500
-    buffer_per_topic: int = 2000
+    poll_batch: int = 2000
+    buffer_per_topic: int = 4000
     """Buffered messages of one topic above which its partitions are paused."""
     weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     commit_interval_s: float = 0.5
@@ -134,6 +134,9 @@ class WorkerStats:
     undecodable: int = 0
     unknown_type: int = 0
     timed_out: int = 0
+    merged: int = 0
+    launches: int = 0
+    """Hand-offs to a handler thread or the event loop (below `started` when chunked)."""
     check_failures: int = 0
     commits: int = 0
     commit_failures: int = 0
@@ -155,6 +158,8 @@ class Job:
     started_at: float = 0.0
     deadline: float | None = None
     finished: bool = False
+    followers: list[Delivery] = field(default_factory=list)
+    """Deliveries of the same attempt that arrived while this one was held."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,20 @@ class Finished:
     error: BaseException | None
     payload_error: str | None = None
     context: Context | None = None
+    frees_slot: bool = True
+    """The last job of its chunk (or a job run alone): its thread is free again."""
+    skipped: bool = False
+    """Not run: the worker was stopping before the job's turn in its chunk came."""
+    duration_s: float | None = None
+
+
+CHUNK_BELOW_S = 0.001
+"""Plain handlers of a type whose recent runs averaged less than this are started in
+chunks; slower ones, one per thread."""
+
+
+CHUNK_MAX = 16
+"""Most plain jobs handed to one handler thread at once (see `Worker._start_ready`)."""
 
 
 class Worker:
@@ -197,9 +216,20 @@ class Worker:
         self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
         self._progress = Progress()
         self._running: dict[Job, None] = {}
+        self._busy = 0
+        self._active: dict[tuple[TaskId, int], Job] = {}
+        """Jobs buffered or running, by (task, attempt)."""
+        self._durations: dict[str, float] = {}
+        """Recent mean handler time by task type (seconds), for chunking."""
+        """Slots in use: handler threads running a chunk, and `async` jobs."""
         self._zombies = 0
         self._completions: queue.SimpleQueue[Finished] = queue.SimpleQueue()
         self._early: list[Finished] = []
+        self._checker = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="checker")
+        self._checked: queue.SimpleQueue[tuple[list[tuple[Delivery, Message]], dict[TaskId, StoredTask] | None,
+                                               dict[TopicPartition, int]]] = queue.SimpleQueue()
+        self._checking = 0
+        self._revoked_count: dict[TopicPartition, int] = {}
         self._first_seen: dict[TopicPartition, float] = {}
         self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
         self._fences: dict[int, int] = {}
@@ -249,20 +279,24 @@ class Worker:
                 consumer.close()
             finally:
                 self._executor.shutdown(wait=False, cancel_futures=True)
+                self._checker.shutdown(wait=False, cancel_futures=True)
                 self._stop_loop()
                 self._stopped.set()
 
     # The main loop.
 
     def _turn(self, consumer: Consumer) -> None:
-        full = len(self._running) + self._zombies >= self.config.concurrency
-        buffered = any(self._buffers.values())
-        timeout = 0.0 if full or buffered else 0.01 if self._running else 0.1
-        deliveries = consumer.poll(self.config.poll_batch, timeout)
+        self._take_checked()
+        full = self._busy >= self.config.concurrency
+        busy = full or any(self._buffers.values()) or self._checking > 0
+        timeout = 0.0 if busy else 0.01 if self._running else 0.1
+        # Messages at the checker count against the buffer: stop fetching while many are.
+        room = self.config.poll_batch if self._checking < 4 * self.config.poll_batch else 0
+        deliveries = consumer.poll(room, timeout) if room else []
         if deliveries:
             self._admit(deliveries)
-        elif full:
-            self._wait_for_completion(0.01)  # a slot frees when a handler finishes: wake then
+        elif full or not room:
+            self._wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
         self._start_ready()
         self._collect()
         self._take_settled()
@@ -289,7 +323,39 @@ class Worker:
                 self._dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
         suspects = [message.task.id for delivery, message in decoded
                     if self._note_fence(message) and self._suspect(delivery, message)]
-        homes = self._homes(suspects)
+        if not suspects:
+            self._place(decoded, {})
+            return
+        # The check is store I/O: it runs on the checker thread, so the main loop goes on
+        # starting and settling work meanwhile. A batch whose partitions are revoked
+        # before it returns is dropped (`_revoked_count`): the next owner has it.
+        self._checking += len(decoded)
+        revocations = {p: self._revoked_count.get(p, 0) for p in {(d.topic, d.partition) for d, _ in decoded}}
+        self._checker.submit(self._check, decoded, suspects, revocations)
+
+    def _check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId],
+               revocations: dict[TopicPartition, int]) -> None:
+        """On the checker thread."""
+        try:
+            homes = self._homes(suspects)
+        finally:
+            self._checked.put((decoded, homes, revocations))
+
+    def _take_checked(self) -> None:
+        while True:
+            try:
+                decoded, homes, revocations = self._checked.get_nowait()
+            except queue.Empty:
+                return
+            self._checking -= len(decoded)
+            if self._stop.is_set():
+                continue  # draining: never started, so delivered again to the next owner
+            kept = [(d, m) for d, m in decoded
+                    if self._revoked_count.get((d.topic, d.partition), 0) == revocations[(d.topic, d.partition)]]
+            self._place(kept, homes)
+
+    def _place(self, decoded: list[tuple[Delivery, Message]], homes: dict[TaskId, StoredTask] | None) -> None:
+        """Skip what the home rows say must not run; buffer the rest by topic."""
         for delivery, message in decoded:
             task = message.task
             if homes is not None and self._skip(task.attempt, homes.get(task.id)):
@@ -301,8 +367,18 @@ class Worker:
                 self._dead(delivery, message, dead_letters.UNKNOWN_TYPE,
                            f"no handler for task type {task.type!r} in app {self.app.name!r}")
                 continue
+            key = (task.id, task.attempt)
+            active = self._active.get(key)
+            if active is not None:
+                # The same attempt again while this worker still holds it: after a
+                # rebalance hands back a partition whose messages were in flight, or a
+                # copy a dispatcher published twice. Run it once; settle both.
+                active.followers.append(delivery)
+                self.stats.merged += 1
+                continue
             name = self._short_names.get(delivery.topic, next(iter(self._buffers)))
-            self._buffers[name].append(Job(delivery, message, handler, name))
+            job = self._active[key] = Job(delivery, message, handler, name)
+            self._buffers[name].append(job)
 
     def _suspect(self, delivery: Delivery, message: Message) -> bool:
         """Whether to check this message against its home row (see `CHECKS`)."""
@@ -345,47 +421,94 @@ class Worker:
         return False
 
     def _start_ready(self) -> None:
-        buffers = self._buffers
-        while len(self._running) + self._zombies < self.config.concurrency:
-            name = self._serving.pick(lambda topic: bool(buffers[topic]))
-            if name is None:
-                return
-            job = buffers[name].popleft()
-            self.stats.served[name] = self.stats.served.get(name, 0) + 1
-            self._launch(job)
+        """Start buffered jobs while slots are free, in weighted order.
 
-    def _launch(self, job: Job) -> None:
-        task = job.message.task
-        timeout = job.handler.policy.timeout_s
-        job.started_at = time.monotonic()
-        job.deadline = None if timeout is None else job.started_at + timeout
-        self._running[job] = None
-        self.stats.started += 1
-        if self._on_started is not None:
-            self._on_started(job)
-        self._settler.submit(Plan(None, report=running_report(task)))
-        context = Context(task, job.message.fence, self._ledger, claim_s=(timeout or CLAIM_S) + 5.0,
-                          worker=self.config.member)
-        if job.handler.is_async:
+        A slot is a handler thread (or an `async` job). Under a backlog, jobs of a fast
+        type (recent runs under `CHUNK_BELOW_S` on average) are handed to a thread in
+        chunks of up to `CHUNK_MAX`, run one after another: for such a handler the
+        hand-off between threads costs more than the handler, and with every slot busy
+        anyway the order of starts is the same. Everything else starts alone: jobs of a
+        slow or not yet measured type (a chunk would make them wait behind each other
+        while other threads idle), jobs with a timeout, and `async` jobs. With a short
+        backlog, chunks shrink to one job each.
+        """
+        buffers = self._buffers
+        concurrency = self.config.concurrency
+        while self._busy < concurrency:
+            total = sum(len(buffer) for buffer in buffers.values())
+            if not total:
+                return
+            size = min(CHUNK_MAX, max(1, total // (concurrency - self._busy)))
+            chunk: list[Job] = []
+            while len(chunk) < size:
+                name = self._serving.pick(lambda topic: bool(buffers[topic]))
+                if name is None:
+                    break
+                job = buffers[name].popleft()
+                if not self._chunkable(job):
+                    if chunk:  # run alone: next time round
+                        buffers[name].appendleft(job)
+                        break
+                    self.stats.served[name] = self.stats.served.get(name, 0) + 1
+                    chunk.append(job)
+                    break
+                self.stats.served[name] = self.stats.served.get(name, 0) + 1
+                chunk.append(job)
+            if not chunk:
+                return
+            self._launch(chunk)
+
+    def _chunkable(self, job: Job) -> bool:
+        handler = job.handler
+        return (not handler.is_async and handler.policy.timeout_s is None
+                and self._durations.get(handler.type, CHUNK_BELOW_S) < CHUNK_BELOW_S)
+
+    def _launch(self, jobs: list[Job]) -> None:
+        now = time.monotonic()
+        calls = []
+        for job in jobs:
+            task = job.message.task
+            timeout = job.handler.policy.timeout_s
+            job.started_at = now
+            job.deadline = None if timeout is None else now + timeout
+            self._running[job] = None
+            if self._on_started is not None:
+                self._on_started(job)
+            self._settler.submit(Plan(None, report=running_report(task)))
+            calls.append((job, Context(task, job.message.fence, self._ledger,
+                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self.config.member)))
+        self.stats.started += len(jobs)
+        self.stats.launches += 1
+        self._busy += 1
+        if jobs[0].handler.is_async:
             if self._loop is None:
                 self._start_loop()
             assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(self._call_async(job, context), self._loop)
+            asyncio.run_coroutine_threadsafe(self._call_async(*calls[0]), self._loop)
         else:
-            self._executor.submit(self._call, job, context)
+            self._executor.submit(self._call, calls)
 
-    def _call(self, job: Job, context: Context) -> None:
+    def _call(self, calls: list[tuple[Job, Context]]) -> None:
+        """On a handler thread: run each job of the chunk in turn."""
+        last = len(calls) - 1
+        for n, (job, context) in enumerate(calls):
+            if n and self._stop.is_set():
+                self._completions.put(Finished(job, None, frees_slot=n == last, skipped=True))
+                continue
+            self._completions.put(self._run_one(job, context, frees_slot=n == last))
+
+    def _run_one(self, job: Job, context: Context, *, frees_slot: bool) -> Finished:
         try:
             payload = decode_payload(job.message.task.payload)
         except Exception as exc:  # a payload msgpack cannot read: no handler could
-            self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
-            return
+            return Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}", frees_slot=frees_slot)
+        began = time.perf_counter()
         try:
             job.handler.function(context, payload)
         except BaseException as exc:  # a handler's failure is an outcome, never the worker's
-            self._completions.put(Finished(job, exc, context=context))
-            return
-        self._completions.put(Finished(job, None, context=context))
+            return Finished(job, exc, context=context, frees_slot=frees_slot,
+                            duration_s=time.perf_counter() - began)
+        return Finished(job, None, context=context, frees_slot=frees_slot, duration_s=time.perf_counter() - began)
 
     async def _call_async(self, job: Job, context: Context) -> None:
         try:
@@ -426,11 +549,21 @@ class Worker:
                 except queue.Empty:
                     return
             job = finished.job
+            if finished.frees_slot:
+                self._busy -= 1
             if job.finished:  # a plain handler returning after its timeout was settled
                 self._zombies -= 1
                 continue
             job.finished = True
             del self._running[job]
+            if finished.skipped:
+                self.stats.started -= 1
+                self._active.pop((job.message.task.id, job.message.task.attempt), None)
+                continue  # never run, never settled: delivered again to the next owner
+            if finished.duration_s is not None:
+                held = self._durations.get(job.handler.type)
+                self._durations[job.handler.type] = finished.duration_s if held is None \
+                    else 0.8 * held + 0.2 * finished.duration_s
             if finished.context is not None:
                 self.stats.effects_run += finished.context.effects_run
                 self.stats.effects_skipped += finished.context.effects_skipped
@@ -449,6 +582,12 @@ class Worker:
             self._outcome(job, error, None)
 
     def _outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+        self._plan_outcome(job, error, payload_error)
+        self._active.pop((job.message.task.id, job.message.task.attempt), None)
+        for delivery in job.followers:  # settled once the outcome itself is
+            self._settler.submit(Plan(delivery))
+
+    def _plan_outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
         task = job.message.task
         delivery = job.delivery
         if error is None:
@@ -542,9 +681,13 @@ class Worker:
         self._progress.forget(partitions)
         for partition in partitions:
             self._first_seen.pop(partition, None)
+            self._revoked_count[partition] = self._revoked_count.get(partition, 0) + 1
         for name, buffer in self._buffers.items():
             kept = [job for job in buffer if (job.delivery.topic, job.delivery.partition) not in lost]
             if len(kept) != len(buffer):
+                for job in buffer:
+                    if (job.delivery.topic, job.delivery.partition) in lost:
+                        self._active.pop((job.message.task.id, job.message.task.attempt), None)
                 self._buffers[name] = deque(kept)
 
     def _drain(self, consumer: Consumer) -> None:
@@ -553,8 +696,9 @@ class Worker:
             self._buffers[name].clear()  # never started: the next owner receives them
         consumer.pause(list(self.config.topics.values()))
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while self._running and time.monotonic() < deadline:
+        while (self._running or self._checking) and time.monotonic() < deadline:
             consumer.poll(self.config.poll_batch, 0.05)  # keeps the membership alive
+            self._take_checked()
             self._collect()
             self._expire()
             self._take_settled()

@@ -82,6 +82,7 @@ class Settler:
         self._plans: queue.SimpleQueue[Plan] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="settler", daemon=True)
+        self._last_write = 0.0
         self.stats = SettlerStats()
 
     def start(self) -> None:
@@ -112,8 +113,11 @@ class Settler:
         except queue.Empty:
             return []
         batch = [first]
-        # Let a burst gather into one batch; the wait is short and off the handler path.
-        time.sleep(self._interval_s if not self._stopping.is_set() else 0)
+        # Let a burst gather for up to one interval since the last write began: when the
+        # writes themselves take that long (a backlog), the next one starts at once.
+        wait = self._last_write + self._interval_s - time.monotonic()
+        if wait > 0 and not self._stopping.is_set():
+            time.sleep(wait)
         while len(batch) < self._max_batch:
             try:
                 batch.append(self._plans.get_nowait())
@@ -124,6 +128,7 @@ class Settler:
     def _settle(self, batch: list[Plan]) -> None:
         delay = 0.1
         while True:
+            self._last_write = time.monotonic()
             try:
                 self._write(batch)
             except SchedulerError as exc:

@@ -16,7 +16,7 @@ import pytest
 from scheduler.model import Priority, decode_message
 from scheduler.ports import Delivery, StatusReport, TaskStatus
 from scheduler.worker import App, Context, dead_letters
-from tests.worker.rig import EmbeddedRig, task, wait_for
+from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
 
 
 @pytest.fixture
@@ -241,3 +241,43 @@ def test_a_stale_attempts_late_done_does_not_change_the_status(rig: EmbeddedRig)
     rig.store.record_status([StatusReport(item.id, 1, TaskStatus.DONE)])  # attempt 1, late
     home = rig.home(item)
     assert (home.status, home.status_attempt) == (TaskStatus.DEAD, 2)
+
+
+def test_a_second_copy_of_an_attempt_this_worker_holds_runs_once_and_both_are_committed(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"mode": "sleep", "s": 0.5})])
+    worker = rig.start(check="never")
+    wait_for(lambda: worker.stats.started == 1, what="the first copy to start")
+    rig.fire([item], store=False)  # e.g. handed back by a rebalance while in flight
+    (after,) = rig.fire([task("sms")])
+    wait_for(lambda: rig.home(after).status is TaskStatus.DONE and rig.home(item).status is TaskStatus.DONE)
+    assert worker.stats.merged == 1
+    assert [run[0] for run in rig.sink.runs()].count(str(item.id)) == 1
+    topic = KAFKA.ready_topic("normal")
+    wait_for(lambda: rig.queue.position(KAFKA.worker_group("default"), topic, 0) == 3, what="all three committed")
+
+
+def test_fast_handlers_run_in_chunks_slow_ones_alone(rig: EmbeddedRig) -> None:
+    threads: dict[str, set[str]] = {"fast": set(), "slow": set()}
+    app = App("chunks")
+
+    @app.handler("fast")
+    def fast(ctx: Context, payload: dict[str, Any]) -> None:
+        threads["fast"].add(threading.current_thread().name)
+
+    @app.handler("slow")
+    def slow(ctx: Context, payload: dict[str, Any]) -> None:
+        threads["slow"].add(threading.current_thread().name)
+        time.sleep(0.2)
+
+    slow_tasks = rig.fire([task("slow") for _ in range(4)])
+    fast_tasks = rig.fire([task("fast") for _ in range(3000)])
+    started = time.monotonic()
+    worker = rig.start(app, concurrency=4)
+    wait_for(lambda: worker.stats.done == 3004, timeout_s=60, what="all done")
+    # The four slow tasks ran side by side on four threads, not one after another in a
+    # chunk: together they took about one handler's time.
+    assert len(threads["slow"]) == 4
+    assert time.monotonic() - started < 0.2 * 4 + 5
+    # The fast ones went to the threads in chunks: far fewer hand-offs than tasks.
+    assert worker.stats.launches < 3004 / 2, worker.stats.launches
+    wait_for(lambda: all(rig.home(t).status is TaskStatus.DONE for t in slow_tasks + fast_tasks[::100]))
