@@ -25,6 +25,13 @@ payload. In one run, on a fresh keyspace, topic prefix and ZooKeeper root:
    when every task was seen or at M + S + 60 s, after the dispatchers are stopped
    (SIGTERM) and the topics are read to their end.
 
+With `--workers N`, N `scheduler worker` processes (app `bench.worker_app:app`, a no-op
+`sms` handler that notes its start) run from the dispatchers' start on; the bench waits
+until their stats show every task done and every status stored, stops them (SIGTERM:
+each drains and writes its handler starts), and reports handler-start lateness (first
+start - run_at: p50 ... max, share over 1 s) and tasks handled, lost (submitted - handled)
+and repeated, next to the fire figures, which are kept as they are.
+
 Figures: fire rate = tasks published / (last first-publish - M), and the most first
 publishes within any one second; lateness = first publish - run_at of every task
 (p50, p90, p99, p99.9, max, share over 1 s, early = before run_at); lost (never
@@ -39,6 +46,7 @@ How to run
     .venv/bin/python bench/nine_oclock.py --out bench/results/nine_oclock.json
     .venv/bin/python bench/nine_oclock.py --dispatchers 2 --out /tmp/nine-2.json
     .venv/bin/python bench/nine_oclock.py --tasks 2000 --spread-s 2 --lead-s 10   # a quick check
+    .venv/bin/python bench/nine_oclock.py --workers 2 --worker-concurrency 64 --out /tmp/nine-w.json
 
 The servers are found as the scheduler finds them (`SCHEDULER_CASSANDRA_HOSTS`,
 `SCHEDULER_CASSANDRA_PORT`, `SCHEDULER_KAFKA_BOOTSTRAP`, `SCHEDULER_ZOOKEEPER_HOSTS`;
@@ -57,10 +65,11 @@ This file is the command line and the exit status; the rest is in `bench/nine/`:
     common.py      `BenchFailure`, the millisecond clock, progress lines on stderr
     workload.py    the burst's tasks (`Burst`) and their ingest through the SDK
     deployment.py  the keyspace, topics and ZooKeeper root; the dispatcher processes
-    ceiling.py     the raw Kafka ceiling
+    workers.py     the worker processes (`--workers`) and the handler starts they record
+    ceiling.py     the raw Kafka ceiling (and the worker bench's ceilings)
     reader.py      reading back the ready topics, on a thread or in a process
     proc.py        CPU and memory of processes, from /proc
-    report.py      the figures (percentiles, fire rate, memory, targets), table and JSON
+    report.py      the figures (percentiles, fire rate, handling, memory, targets), table and JSON
     run.py         one run, phase by phase
 """
 
@@ -98,6 +107,7 @@ from bench.nine.settings import (
     READY_PARTITIONS,
     REFERENCE_CEILINGS,
     SHARDS,
+    WORKER_CONCURRENCY,
     Options,
 )
 
@@ -137,15 +147,28 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                         help="dispatcher logs and stats files (default: a temporary directory, removed at the "
                              "end unless --keep or something failed)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR",
-                        help="record each dispatcher with py-spy (raw collapsed stacks, by thread) during the "
-                             "load and the burst into DIR")
+                        help="record each dispatcher (and worker) with py-spy (raw collapsed stacks, by thread) "
+                             "during the load and the burst into DIR")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="also run N `scheduler worker` processes (app bench.worker_app:app, a no-op handler "
+                             "that records its start) and report handler-start lateness and tasks handled "
+                             "(0-16, default 0: the dispatchers alone)")
+    parser.add_argument("--worker-concurrency", type=int, default=WORKER_CONCURRENCY,
+                        help=f"--concurrency of each worker (default {WORKER_CONCURRENCY})")
+    parser.add_argument("--no-align", dest="align", action="store_false",
+                        help="start the burst at the first whole second at least the lead ahead instead of a "
+                             "minute boundary (quick checks: no wait for the next minute; the burst may straddle "
+                             "two minutes)")
     args = parser.parse_args(argv)
     if args.tasks < 1 or not 1 <= args.spread_s <= 60 or not 1 <= args.dispatchers <= SHARDS:
         parser.error("--tasks must be positive, --spread-s 1 to 60, --dispatchers 1 to 64")
     if args.payload_bytes < 0 or args.tenants < 1 or args.lead_s < 5 or args.ceiling_messages < 100:
         parser.error("--payload-bytes >= 0, --tenants >= 1, --lead-s >= 5, --ceiling-messages >= 100")
+    if not 0 <= args.workers <= 16 or not 1 <= args.worker_concurrency <= 1024:
+        parser.error("--workers 0 to 16, --worker-concurrency 1 to 1024")
     return args, Options(args.tasks, args.spread_s, args.dispatchers, args.payload_bytes, args.tenants,
-                         args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy)
+                         args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy,
+                         args.workers, args.worker_concurrency, args.align)
 
 
 def interrupted(*_: Any) -> None:

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from confluent_kafka import Consumer, TopicPartition
 
 from scheduler.adapters.cassandra.store import CassandraTaskStore
+from scheduler.errors import InvalidMessage
 from scheduler.model import TaskId, decode_message, from_ms
 from scheduler.producer import Client
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings
@@ -196,7 +197,10 @@ class ReadyTopics:
                 value, topic = message.value(), message.topic()
                 if message.error() is not None or value is None or topic is None:
                     continue
-                decoded = decode_message(value)
+                try:
+                    decoded = decode_message(value)
+                except InvalidMessage:
+                    continue  # a test's deliberate garbage; workers dead-letter it
                 _, stamp = message.timestamp()
                 published = Published(decoded.task.id, decoded.fence, stamp, topic, decoded.task.run_at_ms)
                 with self._lock:

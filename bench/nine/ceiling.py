@@ -1,17 +1,25 @@
-"""The raw Kafka ceiling: how fast one process produces the bench's own messages with
-the dispatcher's producer settings and nothing else to do, the yardstick for the fire
-rate. A message that fails or is not acknowledged within the flush is a
-`BenchFailure`."""
+"""Raw ceilings, the yardsticks of the benches' figures, each measured with nothing else
+to do: the Kafka produce ceiling (`kafka_ceiling`: how fast one process produces the
+bench's own messages with the dispatcher's producer settings), for the fire rate; and,
+for the worker bench, the consume ceilings (`kafka_consume_ceiling`, and
+`sqlite_read_ceiling` for the embedded queue), the home-row check ceiling
+(`home_check_ceiling`) and the status-write ceiling (`status_write_ceiling`). A message that fails, is not acknowledged within the flush,
+or is not there to read is a `BenchFailure`."""
 
 from __future__ import annotations
 
+import secrets
+import sqlite3
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Message, Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
 from scheduler.adapters.kafka.publisher import PRODUCER_CONFIG
+from scheduler.model import TaskId
+from scheduler.ports import StatusReport, TaskStatus, TaskStore
 from scheduler.settings import KafkaSettings
 
 from .common import KAFKA_LOG, BenchFailure
@@ -50,3 +58,113 @@ def kafka_ceiling(kafka: KafkaSettings, topic: str, messages: Sequence[bytes], r
     rates = sorted(round(len(messages) / produce_all(messages)) for _ in range(rounds))
     return {"messages": len(messages), "message_bytes_mean": round(sum(map(len, messages)) / len(messages), 1),
             "msgs_per_s": rates[len(rates) // 2], "runs": rates, "settings": dict(PRODUCER_CONFIG)}
+
+
+# The worker bench's ceilings: reading the ready topic back, and writing statuses.
+
+
+def kafka_consume_ceiling(bootstrap: str, topic: str, expected: int, rounds: int = 3, batch: int = 500,
+                          timeout_s: float = 120.0) -> dict[str, Any]:
+    """Messages/s of a bare consumer (confluent-kafka, default fetch settings, no group:
+    every partition of `topic` assigned from its start) reading the `expected` messages
+    already there, `batch` at a time (the worker's poll size: `consume` returns as soon
+    as that many are fetched); each value is taken out of its message, nothing is
+    decoded. Timed as
+    the worker is, from the first message: the messages after the first batch over the
+    time from that batch to the last message (the first fetch waits on connections).
+    The median of `rounds` runs, each a fresh consumer."""
+    rates: list[int] = []
+    for _ in range(rounds):
+        config: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": f"bench-ceiling-{secrets.token_hex(4)}",
+                                  "enable.auto.commit": False, "logger": KAFKA_LOG}
+        consumer = Consumer(config)
+        try:
+            partitions = consumer.list_topics(topic, timeout=30).topics[topic].partitions
+            deadline = time.monotonic() + timeout_s
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+            count = first_batch = 0
+            first_at = 0.0
+            while count < expected:
+                for message in consumer.consume(batch, 0.5):
+                    if message.error() is None:
+                        message.value()
+                        count += 1
+                if count and not first_batch:
+                    first_at, first_batch = time.monotonic(), count
+                if time.monotonic() > deadline:
+                    raise BenchFailure(f"the consume ceiling read {count:,} of {expected:,} messages of {topic} "
+                                       f"in {timeout_s} s")
+            seconds = time.monotonic() - first_at
+            if count > first_batch and seconds > 0:
+                rates.append(round((count - first_batch) / seconds))
+        finally:
+            consumer.close()
+    if not rates:
+        return {"messages": expected, "msgs_per_s": None, "runs": [],
+                "how": "too few messages: each run read them all in its first batch"}
+    rates.sort()
+    return {"messages": expected, "msgs_per_s": rates[len(rates) // 2], "runs": rates,
+            "operations": expected * rounds, "how": f"bare confluent-kafka consumer, all partitions assigned from the start, consume({batch})"}
+
+
+def sqlite_read_ceiling(queue_path: Path, topic: str, expected: int, batch: int, rounds: int = 3) -> dict[str, Any]:
+    """Messages/s of plain `sqlite3` reading the embedded queue's `topic` (one partition)
+    in offset order, `batch` rows a query (the worker's poll size): the embedded
+    counterpart of the consume ceiling."""
+    rates: list[int] = []
+    for _ in range(rounds):
+        db = sqlite3.connect(str(queue_path))
+        try:
+            started = time.monotonic()
+            count = offset = 0
+            while count < expected:
+                rows = db.execute('SELECT "offset", value FROM messages WHERE topic = ? AND "partition" = 0 '
+                                  'AND "offset" >= ? ORDER BY "offset" LIMIT ?', (topic, offset, batch)).fetchall()
+                if not rows:
+                    raise BenchFailure(f"the embedded queue holds {count:,} of {expected:,} messages of {topic}")
+                count += len(rows)
+                offset = rows[-1][0] + 1
+            rates.append(round(count / (time.monotonic() - started)))
+        finally:
+            db.close()
+    rates.sort()
+    return {"messages": expected, "msgs_per_s": rates[len(rates) // 2], "runs": rates,
+            "operations": expected * rounds, "how": f"plain sqlite3 SELECTs of {batch} rows in offset order"}
+
+
+def home_check_ceiling(store: TaskStore, task_ids: Sequence[TaskId], batch: int = 500) -> dict[str, Any]:
+    """Ids/s of `store.get_many` from one thread, `batch` ids a call (the worker's poll
+    size: it checks each polled batch against the home rows this way), on `task_ids`
+    (stored tasks no worker sees). Median of three rounds."""
+    rates: list[int] = []
+    for _ in range(3):
+        started = time.monotonic()
+        found = 0
+        for start in range(0, len(task_ids), batch):
+            found += len(store.get_many(task_ids[start:start + batch]))
+        if found != len(task_ids):
+            raise BenchFailure(f"get_many found {found:,} of {len(task_ids):,} stored tasks")
+        rates.append(round(len(task_ids) / (time.monotonic() - started)))
+    ordered = sorted(rates)
+    return {"ids": len(task_ids), "ids_per_s": ordered[len(ordered) // 2], "runs": rates,
+            "operations": len(task_ids) * len(rates), "how": f"store.get_many of {batch} ids a call, one thread"}
+
+
+STATUS_ROUNDS = ((1, TaskStatus.RUNNING), (1, TaskStatus.DONE), (2, TaskStatus.DONE))
+"""Each round's report (attempt, status) outranks the last, so each one changes every row."""
+
+
+def status_write_ceiling(store: TaskStore, task_ids: Sequence[TaskId], batch: int = 5000) -> dict[str, Any]:
+    """Reports/s of `store.record_status` from one thread, `batch` reports a call (the
+    settler's largest batch), on `task_ids` (stored tasks no worker sees), with nothing
+    else running: the settler's write path alone. Median of three rounds."""
+    rates: list[int] = []
+    for attempt, status in STATUS_ROUNDS:
+        reports = [StatusReport(task_id, attempt, status) for task_id in task_ids]
+        started = time.monotonic()
+        for start in range(0, len(reports), batch):
+            store.record_status(reports[start:start + batch])
+        rates.append(round(len(reports) / (time.monotonic() - started)))
+    ordered = sorted(rates)
+    return {"reports": len(task_ids), "reports_per_s": ordered[len(ordered) // 2], "runs": rates,
+            "operations": len(task_ids) * len(rates), "how": f"store.record_status of {batch:,} reports a call, one thread"}

@@ -1,7 +1,7 @@
 """What a run deploys, and removes again: a keyspace, topics and a ZooKeeper root of its
 own (`Deployment`), the `scheduler dispatcher` processes on them (`Fleet`, one
-`DispatcherProcess` each, with its log and stats file), and with `--py-spy` their
-recordings (`Profiler`).
+`DispatcherProcess` each, a `BenchProcess` with its log and stats file), and with
+`--py-spy` their recordings (`Profiler`).
 
 Creating fails with the scheduler's errors or a `KafkaException`. Removing never raises:
 it warns on stderr and lets the rest of the cleanup go on. A dispatcher that exits
@@ -19,12 +19,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -45,7 +45,10 @@ from .common import KAFKA_LOG, BenchFailure, echo, now_ms
 from .proc import cpu_seconds, rss_bytes
 from .settings import LEASE_TIMEOUT_S, READY_PARTITIONS, SHARDS, STOP_TIMEOUT_S
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+"""The repository root: processes run from here, so `--app bench.worker_app:app` imports."""
 CLEANUP_ERRORS: tuple[type[Exception], ...] = (*DRIVER_ERRORS, StoreUnavailable)
+WORKER_POOLS = ("default", "long")
 
 
 # The deployment: a keyspace, topics and a ZooKeeper root of the bench's own.
@@ -59,13 +62,15 @@ class Deployment:
     ceiling_topic: str
 
     @classmethod
-    def fresh(cls) -> Deployment:
+    def fresh(cls, name: str = "nine_oclock") -> Deployment:
+        """Names of its own: keyspace `<name>_<hex>`, topics `<name with dashes>-<hex>.*`,
+        ZooKeeper root `/<name>_<hex>`."""
         tag = secrets.token_hex(4)
-        kafka = KafkaSettings.from_env(topic_prefix=f"nine-oclock-{tag}")
+        kafka = KafkaSettings.from_env(topic_prefix=f"{name.replace('_', '-')}-{tag}")
         return cls(
-            cassandra=CassandraSettings.from_env(keyspace=f"nine_oclock_{tag}", shard_count=SHARDS),
+            cassandra=CassandraSettings.from_env(keyspace=f"{name}_{tag}", shard_count=SHARDS),
             kafka=kafka,
-            zookeeper=ZooKeeperSettings.from_env(root=f"/nine_oclock_{tag}", session_timeout_s=LEASE_TIMEOUT_S),
+            zookeeper=ZooKeeperSettings.from_env(root=f"/{name}_{tag}", session_timeout_s=LEASE_TIMEOUT_S),
             ceiling_topic=f"{kafka.topic_prefix}.ceiling",
         )
 
@@ -131,11 +136,19 @@ class Deployment:
             echo(f"warning: could not drop keyspace {self.cassandra.keyspace}: {exc}")
 
     def drop_topics(self) -> None:
+        """The topics, the dispatchers' group (`delete_topics`) and the worker pools' groups."""
         try:
             delete_topics(self.kafka)
             admin = self.admin()
             for future in admin.delete_topics([self.ceiling_topic], operation_timeout=30).values():
                 future.result(timeout=60)
+            groups = [self.kafka.worker_group(pool) for pool in WORKER_POOLS]
+            for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
+                try:
+                    future.result(timeout=60)
+                except KafkaException as exc:
+                    if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+                        raise
         except (SchedulerError, KafkaException) as exc:
             echo(f"warning: could not delete the topics {self.kafka.topic_prefix}.*: {exc}")
 
@@ -152,16 +165,32 @@ class Deployment:
             client.close()
 
 
-# The dispatcher processes.
+# The scheduler processes: dispatchers here, workers in `workers.py`.
 
 
 @dataclass
-class DispatcherProcess:
+class BenchProcess:
+    """A `scheduler` process the bench started (its own session), with its log and the
+    stats file it keeps."""
+
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
     stats_path: Path
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, name: str, arguments: list[str], directory: Path, env: dict[str, str]) -> Self:
+        """`python -m scheduler <arguments> --stats-file <directory>/<name>.json`, stderr to
+        `<directory>/<name>.log`, run from the repository root (so `bench.*` imports)."""
+        directory = directory.resolve()
+        log_path, stats_path = directory / f"{name}.log", directory / f"{name}.json"
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "scheduler", *arguments, "--stats-file", str(stats_path)],
+                stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, cwd=REPOSITORY,
+            )
+        return cls(name, process, log_path, stats_path)
 
     def stats(self) -> dict[str, Any]:
         try:
@@ -169,14 +198,6 @@ class DispatcherProcess:
         except (OSError, json.JSONDecodeError):
             return {}
         return document
-
-    def sample(self) -> dict[str, Any]:
-        stats = self.stats()
-        counters = stats.get("stats", {})
-        return {"at_ms": now_ms(), "stats_at_ms": stats.get("at_ms"), "rss_bytes": rss_bytes(self.process.pid),
-                "cpu_s": cpu_seconds(self.process.pid), "shards": len(stats.get("shards", [])),
-                "waiting": stats.get("waiting", 0), "wheel_bytes": stats.get("wheel_bytes", 0),
-                "loaded": counters.get("loaded", 0), "fired": counters.get("fired", 0)}
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -197,6 +218,35 @@ class DispatcherProcess:
         except OSError:
             return ""
 
+    def died(self) -> BenchFailure:
+        return BenchFailure(f"{self.name} exited with status {self.process.returncode}; the end of its log "
+                            f"({self.log_path}):\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float, *, terminate: bool = True) -> int | None:
+        """SIGTERM (if still running and `terminate`: once only, as a second SIGTERM may
+        find the process finalising, with the default action back) and wait; killed if it
+        outlives `timeout_s`: None then."""
+        if terminate and self.alive():
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            echo(f"warning: {self.name} did not stop within {timeout_s} s of SIGTERM; killing it")
+            self.process.kill()
+            self.process.wait(timeout=10)
+            return None
+
+
+@dataclass
+class DispatcherProcess(BenchProcess):
+    def sample(self) -> dict[str, Any]:
+        stats = self.stats()
+        counters = stats.get("stats", {})
+        return {"at_ms": now_ms(), "stats_at_ms": stats.get("at_ms"), "rss_bytes": rss_bytes(self.process.pid),
+                "cpu_s": cpu_seconds(self.process.pid), "shards": len(stats.get("shards", [])),
+                "waiting": stats.get("waiting", 0), "wheel_bytes": stats.get("wheel_bytes", 0),
+                "loaded": counters.get("loaded", 0), "fired": counters.get("fired", 0)}
+
 
 class Fleet:
     """The dispatcher processes of one run, each with its own log and stats file."""
@@ -209,20 +259,14 @@ class Fleet:
     def start(self, count: int) -> None:
         for n in range(1, count + 1):
             name = f"dispatcher-{n}"
-            log_path, stats_path = self.directory / f"{name}.log", self.directory / f"{name}.json"
-            with log_path.open("wb") as log:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "scheduler", "dispatcher", "--backend", "cassandra", "--shards", "auto",
-                     "--member", name, "--stats-file", str(stats_path), "--lease-timeout", str(LEASE_TIMEOUT_S)],
-                    stdout=subprocess.DEVNULL, stderr=log, env=self.env, start_new_session=True,
-                )
-            self.members.append(DispatcherProcess(name, process, log_path, stats_path))
+            self.members.append(DispatcherProcess.start(
+                name, ["dispatcher", "--backend", "cassandra", "--shards", "auto", "--member", name,
+                       "--lease-timeout", str(LEASE_TIMEOUT_S)], self.directory, self.env))
 
     def check_alive(self) -> None:
         for member in self.members:
             if not member.alive():
-                raise BenchFailure(f"{member.name} exited with status {member.process.returncode}; the end of "
-                                   f"its log ({member.log_path}):\n{member.log_tail()}")
+                raise member.died()
 
     def wait_for_shards(self, timeout_s: float) -> float:
         """Wait until the dispatchers fire all 64 shards between them, none twice, each
@@ -253,25 +297,27 @@ class Fleet:
 
     def stop(self) -> list[int | None]:
         """SIGTERM every dispatcher, wait, kill what did not stop; the exit codes."""
-        for member in self.members:
-            if member.alive():
-                member.process.send_signal(signal.SIGTERM)
-        codes: list[int | None] = []
-        for member in self.members:
-            try:
-                codes.append(member.process.wait(timeout=STOP_TIMEOUT_S))
-            except subprocess.TimeoutExpired:
-                echo(f"warning: {member.name} did not stop within {STOP_TIMEOUT_S} s of SIGTERM; killing it")
-                member.process.kill()
-                member.process.wait(timeout=10)
-                codes.append(None)
-        return codes
+        return stop_all(self.members, STOP_TIMEOUT_S)
+
+
+def stop_all(members: Sequence[BenchProcess], timeout_s: float) -> list[int | None]:
+    """SIGTERM them all at once, then wait for each (killing what outlives `timeout_s`);
+    the exit codes (None: killed)."""
+    for member in members:
+        if member.alive():
+            member.process.send_signal(signal.SIGTERM)
+    return [member.stop(timeout_s, terminate=False) for member in members]
+
+
+class Members(Protocol):
+    @property
+    def members(self) -> Sequence[BenchProcess]: ...
 
 
 class Profiler:
-    """py-spy recordings of each dispatcher, one per phase, in raw (collapsed) form."""
+    """py-spy recordings of each process of a fleet, one per phase, in raw (collapsed) form."""
 
-    def __init__(self, directory: Path | None, fleet: Fleet) -> None:
+    def __init__(self, directory: Path | None, fleet: Members) -> None:
         self.directory = directory
         self.fleet = fleet
         self.running: list[subprocess.Popen[bytes]] = []

@@ -1,5 +1,6 @@
 """The figures of a run and how they are shown: delivery, lateness percentiles and fire
-rate from every message read (`analyse`), memory per loaded task (`memory_figures`),
+rate from every message read (`analyse`), with `--workers` the same for every handler
+start (`handling_figures`), memory per loaded task (`memory_figures`),
 each figure against its target (`judge`), the table, and the JSON document (`emit`).
 Everything here is computed from what the run collected; nothing touches a server."""
 
@@ -19,7 +20,15 @@ from scheduler.model import decode_message
 
 from .deployment import Fleet
 from .reader import Record
-from .settings import REFERENCE_CEILINGS, TARGET_FIRE_RATE, TARGET_MAX_MS, TARGET_OVERHEAD_BYTES, TARGET_P99_MS
+from .settings import (
+    REFERENCE_CEILINGS,
+    TARGET_FIRE_RATE,
+    TARGET_HANDLER_P99_MS,
+    TARGET_MAX_MS,
+    TARGET_OVERHEAD_BYTES,
+    TARGET_P99_MS,
+)
+from .workers import Handled, tally
 from .workload import Burst
 
 # Figures.
@@ -86,9 +95,6 @@ def analyse(records: list[Record], expected: dict[bytes, int], burst: Burst) -> 
             first[key] = stamp
     lateness = [stamp - expected[key] for key, stamp in first.items()]
     published = sorted(first.values())
-    by_second: dict[int, list[int]] = {}
-    for key, stamp in first.items():
-        by_second.setdefault((expected[key] - burst.minute_ms) // 1000, []).append(stamp - expected[key])
     fire: dict[str, Any] = {"published_tasks": len(first)}
     if published:
         span_ms = published[-1] - burst.minute_ms
@@ -107,12 +113,43 @@ def analyse(records: list[Record], expected: dict[bytes, int], burst: Burst) -> 
                      "messages": len(records), "unexpected": unexpected, "invalid": invalid,
                      "run_at_mismatches": mismatched, "fences": len(fences),
                      "broker_timestamps": log_append == sum(copies.values()) and log_append > 0},
-        "lateness_ms": {**lateness_figures(lateness), "by_due_second": {
-            str(second): {"tasks": len(values), "p50": percentile(sorted(values), 0.5),
-                          "p99": percentile(sorted(values), 0.99), "max": max(values)}
-            for second, values in sorted(by_second.items())}},
+        "lateness_ms": {**lateness_figures(lateness), "by_due_second": by_due_second(first, expected, burst)},
         "fire": fire,
     }
+
+
+def by_due_second(moments: dict[bytes, int], expected: dict[bytes, int], burst: Burst) -> dict[str, Any]:
+    """Lateness (moment - run_at) of the tasks due in each second of the burst."""
+    by_second: dict[int, list[int]] = {}
+    for key, moment in moments.items():
+        by_second.setdefault((expected[key] - burst.minute_ms) // 1000, []).append(moment - expected[key])
+    return {str(second): {"tasks": len(values), "p50": percentile(sorted(values), 0.5),
+                          "p99": percentile(sorted(values), 0.99), "max": max(values)}
+            for second, values in sorted(by_second.items())}
+
+
+def handling_figures(records: list[Handled], expected: dict[bytes, int], burst: Burst,
+                     settled_ms: int | None) -> dict[str, Any]:
+    """With `--workers`: tasks handled (a handler started), lost and repeated, and the
+    handler-start lateness (first start - run_at) of every task, from the records the
+    workers wrote; `settled_ms`: when their stats showed every status durable."""
+    counted = tally(records, expected)
+    first = counted.first_start
+    starts = sorted(first.values())
+    rate: dict[str, Any] = {"handled_tasks": len(first)}
+    if starts:
+        span_ms = starts[-1] - burst.minute_ms
+        rate.update({
+            "last_start_after_minute_ms": span_ms,
+            "tasks_per_s": round(len(starts) / (span_ms / 1000)) if span_ms > 0 else None,
+            "peak_1s": peak_in_window(starts, 1000),
+            "settled_after_minute_ms": None if settled_ms is None else settled_ms - burst.minute_ms,
+            "started_per_s": per_second(starts, burst.minute_ms),
+        })
+    return {"delivery": counted.figures(),
+            "lateness_ms": {**lateness_figures([start - expected[key] for key, start in first.items()]),
+                            "by_due_second": by_due_second(first, expected, burst)},
+            "rate": rate}
 
 
 def per_second(ordered: Sequence[int], minute_ms: int) -> list[int]:
@@ -158,6 +195,13 @@ def judge(result: dict[str, Any]) -> list[dict[str, Any]]:
         ("memory (wheel)", memory.get("wheel_bytes_per_task_over_payload"), per_task, TARGET_OVERHEAD_BYTES, False),
         ("memory (RSS)", memory.get("rss_bytes_per_task_over_payload"), per_task, TARGET_OVERHEAD_BYTES, False),
     ]
+    if "handling" in result:
+        handled = result["handling"]
+        checks += [
+            ("handler lateness p99", handled["lateness_ms"]["p99"], f"<= {TARGET_HANDLER_P99_MS:,} ms",
+             TARGET_HANDLER_P99_MS, False),
+            ("handled lost", handled["delivery"]["lost"], "0", 0, False),
+        ]
     return [{"figure": name, "value": value, "target": target,
              "met": None if value is None else (value >= limit if floor else value <= limit)}
             for name, value, target, limit, floor in checks]
@@ -207,6 +251,22 @@ def table(doc: dict[str, Any]) -> list[str]:
         "once all fired (wheels empty)",
         f"  reader                  {doc['reader']['messages']:,} messages, {doc['reader']['cpu_s']} CPU s",
     ]
+    if "handling" in doc:
+        handled, hlate, hrate = doc["handling"]["delivery"], doc["handling"]["lateness_ms"], doc["handling"]["rate"]
+        lines += [
+            f"  workers                 {settings['workers']} x concurrency {settings['worker_concurrency']}: "
+            f"handled {handled['handled']:,} of {handled['expected']:,}, lost {handled['lost']:,}, repeated "
+            f"{handled['duplicated_tasks']:,} (+{handled['extra_starts']:,} starts)",
+            f"  handling rate           {number(hrate.get('tasks_per_s'))} tasks/s (peak {number(hrate.get('peak_1s'))} "
+            f"in 1 s); last start {number(hrate.get('last_start_after_minute_ms'), ' ms')}, all statuses stored "
+            f"{number(hrate.get('settled_after_minute_ms'), ' ms')} after M",
+            f"  handler lateness        p50 {number(hlate['p50'])}  p90 {number(hlate['p90'])}  p99 "
+            f"{number(hlate['p99'])}  p99.9 {number(hlate['p99_9'])}  max {number(hlate['max'])} ms; over 1 s "
+            f"{number(hlate['over_1s'])} ({(hlate['over_1s_share'] or 0) * 100:.2f}%)",
+        ]
+        handling_cpu = doc.get("cpu_handling", {}).get("cores", {})
+        if handling_cpu:
+            lines.append("  cores until handled     " + ", ".join(f"{k} {v}" for k, v in handling_cpu.items()))
     burst_cpu = doc.get("cpu_burst", {}).get("cores", {})
     if burst_cpu:
         lines.append("  cores used in the burst " + ", ".join(f"{k} {v}" for k, v in burst_cpu.items()))

@@ -1,10 +1,12 @@
 """One run of the bench, phase by phase: deploy, measure the Kafka ceiling, ingest the
-burst, start the dispatchers and sample them at baseline, follow the load of minute M,
-follow the burst, then work out the figures. It fills the JSON document as it goes and
-registers each removal in `cleanup`, which the caller runs whatever happens; the
-dispatchers and the reader are stopped on every way out. A write that fails, a
-dispatcher that dies, or an ingest that ends too close to M raises; lost or early tasks
-and failed dispatchers are listed in the document's `failures`."""
+burst, start the dispatchers (and with `--workers` the workers) and sample them at
+baseline, follow the load of minute M, follow the burst (and the workers until they
+have handled every task and stored every status), then work out the figures. It fills
+the JSON document as it goes and registers each removal in `cleanup`, which the caller
+runs whatever happens; the dispatchers, the workers and the reader are stopped on every
+way out. A write that fails, a dispatcher that dies, or an ingest that ends too close
+to M raises; lost or early tasks, tasks no worker handled, and failed dispatchers or
+workers are listed in the document's `failures`."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from .common import BenchFailure, clock, echo, now_ms, sleep_until
 from .deployment import Deployment, Fleet, Profiler
 from .proc import cpu_snapshot, cpu_window, server_pids
 from .reader import Reader
-from .report import analyse, judge, memory_figures, relative
+from .report import analyse, handling_figures, judge, memory_figures, relative
 from .settings import (
     AFTER_BURST_S,
     ASSUMED_INGEST_ROWS_PER_S,
@@ -34,8 +36,10 @@ from .settings import (
     READ_AHEAD_S,
     SETTLE_TIMEOUT_S,
     SHARDS,
+    WORKER_RATE_FLOOR,
     Options,
 )
+from .workers import WorkerFleet, all_settled
 from .workload import Burst, ingest, text_length_for
 
 
@@ -63,7 +67,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
          f"({document['kafka_ceiling']['message_bytes_mean']} B messages)")
 
     estimate_s = options.tasks / ASSUMED_INGEST_ROWS_PER_S + 2
-    minute_ms = math.ceil((now_ms() + (estimate_s + options.lead_s) * 1000) / BUCKET_MS) * BUCKET_MS
+    align_ms = BUCKET_MS if options.align else 1000
+    minute_ms = math.ceil((now_ms() + (estimate_s + options.lead_s) * 1000) / align_ms) * align_ms
     burst = Burst(minute_ms, options.tasks, options.spread_s * 1000, text_len, options.tenants)
     document["burst"] = {"minute": datetime.fromtimestamp(minute_ms / 1000, timezone.utc).isoformat(),
                          "minute_ms": minute_ms, "due_per_s": round(options.tasks / options.spread_s)}
@@ -78,29 +83,40 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         raise BenchFailure("ingest ended less than a second before the burst minute: raise --lead-s")
 
     fleet = Fleet(deployment, work_dir)
-    profiler = Profiler(options.py_spy, fleet)
+    workers = (WorkerFleet({**os.environ, **deployment.env()}, work_dir, ["--backend", "cassandra"])
+               if options.workers else None)
+    profilers = [Profiler(options.py_spy, fleet)] + ([Profiler(options.py_spy, workers)] if workers else [])
     reader = Reader(options.reader, deployment.kafka.bootstrap, deployment.ready_topics)
     completed = False
+    handled_ms: int | None = None
     try:
         fleet.start(options.dispatchers)
+        if workers is not None:
+            workers.start(options.workers, options.worker_concurrency)
         started_ms = now_ms()
         settle_s = fleet.wait_for_shards(SETTLE_TIMEOUT_S)
         echo(f"dispatchers: {options.dispatchers} hold the {SHARDS} shards after {settle_s:.1f} s")
         load_ms = minute_ms - READ_AHEAD_S * 1000
         sleep_until(load_ms - 2000)
         pids = {**servers, **{m.name: m.process.pid for m in fleet.members}, "reader": reader.pid or 0}
+        if workers is not None:
+            workers.check_alive()
+            pids.update({m.name: m.process.pid for m in workers.members})
         if options.reader == "process":
             pids["bench"] = os.getpid()
         baseline = fleet.sample("baseline")
         baseline_ms, cpu_before_load = now_ms(), cpu_snapshot(pids)
         baseline_clean = baseline["waiting"] == 0 and baseline_ms < load_ms
-        profiler.start("load")
+        for profiler in profilers:
+            profiler.start("load")
         echo(f"baseline: RSS {baseline['rss_bytes'] / 2**20:.1f} MiB, {baseline['waiting']:,} waiting; "
              f"the dispatchers read M at {clock(max(load_ms, started_ms))}")
         loaded_ms = cpu_loaded = None
         load_timeline: list[dict[str, Any]] = []
         while now_ms() < minute_ms - 1500:
             fleet.check_alive()
+            if workers is not None:
+                workers.check_alive()
             totals = fleet.totals()
             if not load_timeline or now_ms() - load_timeline[-1]["at_ms"] >= 1000:
                 load_timeline.append({"at_ms": now_ms(), **totals})
@@ -110,7 +126,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
                      f"{(loaded_ms - max(load_ms, started_ms)) / 1000:.1f} s after the read began")
             time.sleep(0.25)
         loaded = fleet.sample("loaded")
-        profiler.stop()
+        for profiler in profilers:
+            profiler.stop()
         document["load"] = {
             "loaded": loaded["loaded"], "waiting": loaded["waiting"],
             "complete_before_minute": loaded["waiting"] >= options.tasks,
@@ -124,33 +141,63 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
              f"wheels {loaded['wheel_bytes'] / 2**20:.1f} MiB")
 
         sleep_until(minute_ms - 500)
-        profiler.start("burst")
+        for profiler in profilers:
+            profiler.start("burst")
         cpu_burst = cpu_snapshot(pids)
         deadline_ms = minute_ms + (options.spread_s + AFTER_BURST_S) * 1000
+        # Workers may lag the burst: they get as long again as at least WORKER_RATE_FLOOR tasks/s needs.
+        limit_ms = deadline_ms + (options.tasks * 1000 // WORKER_RATE_FLOOR if workers is not None else 0)
         timeline: list[dict[str, Any]] = []
         all_seen_ms = None
-        while now_ms() < deadline_ms:
-            if reader.seen >= options.tasks:
-                all_seen_ms = now_ms()
+        cpu_burst_end = cpu_handled = None
+        while now_ms() < limit_ms:
+            if all_seen_ms is None and reader.seen < options.tasks and now_ms() >= deadline_ms:
                 break
-            if not any(member.alive() for member in fleet.members):
+            if all_seen_ms is None and reader.seen >= options.tasks:
+                all_seen_ms, cpu_burst_end = now_ms(), cpu_snapshot(pids)
+            if workers is not None and handled_ms is None:
+                workers.poll()
+                if all_settled(workers.totals(), options.tasks):
+                    handled_ms, cpu_handled = now_ms(), cpu_snapshot(pids)
+            if all_seen_ms is not None and (workers is None or handled_ms is not None):
+                break
+            if all_seen_ms is None and not any(member.alive() for member in fleet.members):
+                break
+            if workers is not None and not any(member.alive() for member in workers.members):
                 break
             if not timeline or now_ms() - timeline[-1]["at_ms"] >= 1000:
-                timeline.append({"at_ms": now_ms(), "seen": reader.seen, **fleet.totals()})
+                point = {"at_ms": now_ms(), "seen": reader.seen, **fleet.totals()}
+                if workers is not None:
+                    totals = workers.totals()
+                    point.update({"handler_starts": totals["started"], "handled_done": totals["done"]})
+                timeline.append(point)
             time.sleep(0.1)
         end_ms = all_seen_ms or now_ms()
-        cpu_burst_end = cpu_snapshot(pids)
+        cpu_burst_end = cpu_burst_end or cpu_snapshot(pids)
         echo(f"burst: {reader.seen:,} of {options.tasks:,} seen "
              + (f"{(end_ms - minute_ms) / 1000:.1f} s after M" if all_seen_ms else "when the bench stopped waiting"))
+        if workers is not None:
+            totals = workers.totals()
+            echo(f"workers: {totals['done']:,} of {options.tasks:,} done "
+                 + (f"and settled {(handled_ms - minute_ms) / 1000:.1f} s after M" if handled_ms
+                    else "when the bench stopped waiting"))
         time.sleep(DUPLICATE_WATCH_S)
-        profiler.stop()
+        for profiler in profilers:
+            profiler.stop()
         fleet.sample("fired")
         document["timeline"] = relative(timeline, minute_ms)
         document["cpu_burst"] = cpu_window(cpu_burst, cpu_burst_end, (end_ms - minute_ms + 500) / 1000)
+        if workers is not None:
+            handling_end_ms = handled_ms or now_ms()
+            document["cpu_handling"] = cpu_window(cpu_burst, cpu_handled or cpu_snapshot(pids),
+                                                  (handling_end_ms - minute_ms + 500) / 1000)
         completed = True
     finally:
-        profiler.stop()
+        for profiler in profilers:
+            profiler.stop()
         codes = fleet.stop()
+        if workers is not None:
+            workers.stop()
         if not completed:
             reader.abort()
     records, reader_cpu = reader.finish()
@@ -165,14 +212,23 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     document["warnings"] += [f"{d['name']} logged {d['log_warnings']['count']} warnings or errors, first: "
                              f"{d['log_warnings']['first'][0]}" for d in document["dispatchers"]
                              if d["log_warnings"]["count"]]
-    if profiler.files:
-        document["py_spy"] = profiler.files
+    if workers is not None:
+        document["workers"] = workers.describe()
+        document["warnings"] += [f"{w['name']} logged {w['log_warnings']['count']} warnings or errors, first: "
+                                 f"{w['log_warnings']['first'][0]}" for w in document["workers"]
+                                 if w["log_warnings"]["count"]]
+    py_spy = [path for profiler in profilers for path in profiler.files]
+    if py_spy:
+        document["py_spy"] = py_spy
     document["reader"] = {"mode": options.reader, "messages": len(records), "cpu_s": round(reader_cpu, 2)}
     result = analyse(records, expected, burst)
     fire = result["fire"]
     if fire.get("tasks_per_s"):
         fire["vs_kafka_ceiling"] = round(fire["tasks_per_s"] / document["kafka_ceiling"]["msgs_per_s"], 3)
     result["memory"] = memory_figures(fleet, burst.mean_payload_bytes(), baseline_clean)
+    if workers is not None:
+        settled = workers.settled_between(options.tasks)  # when the stats files showed it, not when polled
+        result["handling"] = handling_figures(workers.records(), expected, burst, settled[1] if settled else None)
     document.update(result)
     document["targets"] = judge(result)
     document["missed"] = [check["figure"] for check in document["targets"] if check["met"] is False]
@@ -182,5 +238,12 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         failures.append(f"{result['delivery']['lost']:,} tasks were never published")
     if result["lateness_ms"]["early"]:
         failures.append(f"{result['lateness_ms']['early']:,} tasks were published before their time")
+    if workers is not None:
+        worker_failures, worker_warnings = workers.exit_problems((0, -signal.SIGTERM))
+        failures += worker_failures
+        document["warnings"] += worker_warnings
+        if result["handling"]["delivery"]["lost"]:
+            failures.append(f"{result['handling']['delivery']['lost']:,} tasks were not handled by a worker before "
+                            "the bench stopped waiting")
     document["failures"] = failures
     return document

@@ -30,6 +30,12 @@ TARGET_FIRE_RATE = 25_000
 TARGET_P99_MS = 1_000
 TARGET_MAX_MS = 2_000
 TARGET_OVERHEAD_BYTES = 64
+TARGET_HANDLER_P99_MS = 2_000
+"""With `--workers`: handler start - run_at, p99."""
+WORKER_CONCURRENCY = 8
+WORKER_RATE_FLOOR = 500
+"""With `--workers`, the bench waits for them up to tasks / this many seconds past the
+dispatchers' deadline (M + S + `AFTER_BURST_S`)."""
 
 REFERENCE_CEILINGS = {
     "source": "/work/shared/LOCAL-CLUSTER.md: 2-core machine, servers co-located",
@@ -53,3 +59,9 @@ class Options:
     keep: bool
     work_dir: Path | None
     py_spy: Path | None
+    workers: int = 0
+    """`scheduler worker` processes running the burst's handlers (0: none, the dispatchers alone)."""
+    worker_concurrency: int = WORKER_CONCURRENCY
+    align: bool = True
+    """M is a minute boundary; False (`--no-align`): the first whole second at least the
+    lead ahead, so a quick check need not wait for the next minute."""
