@@ -3,12 +3,25 @@ driver binds."""
 
 from __future__ import annotations
 
-from cassandra.query import UNSET_VALUE
+from collections.abc import Iterable
+
+import pytest
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement, Statement
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import CassandraConnection
-from scheduler.adapters.cassandra.store import named_queries
-from scheduler.model import Priority, TaskId
+from scheduler.adapters.cassandra.store import (
+    MAX_ERROR_CHARS,
+    CassandraTaskStore,
+    bounded_error,
+    named_queries,
+    status_write_timestamp_us,
+)
+from scheduler.errors import StoreError
+from scheduler.model import MAX_ATTEMPTS_LIMIT, Priority, TaskId, from_ms, minute_bucket
+from scheduler.ports import InsertFailure, StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
 from tests.tasks import NINE_OCLOCK_MS, make_task
 
@@ -38,3 +51,109 @@ def test_packed_id_lists_equal_the_drivers_binding(cassandra: CassandraConnectio
         bound = read_tasks.bind((NINE_OCLOCK_MS, 5, [(task_id.run_at_ms, task_id.uuid) for task_id in ids]))
         assert bound.values[2] == rows.clustering_keys(ids)
         assert bound.values[:2] == list(rows.partition_key(NINE_OCLOCK_MS, 5))
+
+
+def _reports() -> list[StatusReport]:
+    """Reports of every status, attempts up to the limit, errors none, empty, non-ASCII
+    and over `MAX_ERROR_CHARS`, two on each of 40 tasks over several partitions."""
+    ids = [TaskId.new(NINE_OCLOCK_MS + n * 7919) for n in range(40)]
+    errors = [None, "", "SMS gateway: नंबर गलत है", "x" * (MAX_ERROR_CHARS + 1), "é" * MAX_ERROR_CHARS]
+    return [
+        StatusReport(task_id, 1 + n * 7 % MAX_ATTEMPTS_LIMIT, status, errors[n % len(errors)])
+        for n, (task_id, status) in enumerate(zip(ids * 2, list(TaskStatus) * 14, strict=False))
+    ]
+
+
+def _drivers_binding(set_status: PreparedStatement, report: StatusReport) -> Statement:
+    """`report` bound the way the store did before it packed status rows itself: the
+    driver's `bind` of datetimes, a `UUID` and text."""
+    task_id = report.task_id
+    run_at = task_id.run_at_ms
+    bound: Statement = set_status.bind((
+        status_write_timestamp_us(task_id, report.attempt, report.status), report.status.value, report.attempt,
+        bounded_error(report.error) or "", from_ms(minute_bucket(run_at)), task_id.shard(64), from_ms(run_at),
+        task_id.uuid,
+    ))
+    return bound
+
+
+def test_packed_status_rows_equal_the_drivers_binding(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    set_status = cassandra.session.prepare(named_queries(keyspace.keyspace)["set_status"])
+    rows.check_status_columns(set_status)
+    for report in _reports():
+        task_id = report.task_id
+        bound = _drivers_binding(set_status, report)
+        key = rows.partition_key(minute_bucket(task_id.run_at_ms), task_id.shard(64))
+        packed = rows.status_values(
+            key, task_id, status_write_timestamp_us(task_id, report.attempt, report.status), report.status,
+            report.attempt, bounded_error(report.error) or "",
+        )
+        assert packed == bound.values
+        assert rows.partition_batch(keyspace.keyspace, key).routing_key == bound.routing_key
+
+
+def test_status_batches_equal_the_drivers(
+    keyspace: CassandraSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`record_status` builds, batch for batch, what adding the driver's bound statements
+    to a batch gives: the same rows in the same order, routing, keyspace and type, the
+    partitions' reports cut into batches of `batch_rows`; a cancel's single statement too."""
+    store = CassandraTaskStore.open(keyspace, batch_rows=3)
+    try:
+        set_status = store._q["set_status"]
+        reports = _reports()
+        sent: list[Statement] = []
+
+        def capture(requests: Iterable[tuple[Statement, object]]) -> list[InsertFailure]:
+            sent.extend(statement for statement, _ in requests)
+            return []
+
+        monkeypatch.setattr(store, "_run_all", capture)
+        store.record_status(reports)
+        groups: dict[tuple[int, int], list[StatusReport]] = {}
+        for report in reports:
+            home = (minute_bucket(report.task_id.run_at_ms), report.task_id.shard(64))
+            groups.setdefault(home, []).append(report)
+        expected: list[BatchStatement] = []
+        for group in groups.values():
+            for start in range(0, len(group), 3):
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for report in group[start:start + 3]:
+                    batch.add(_drivers_binding(set_status, report))
+                expected.append(batch)
+        assert len(sent) == len(expected) > len(groups)
+        for built, wanted in zip(sent, expected, strict=True):
+            assert isinstance(built, BatchStatement)
+            assert built._statements_and_parameters == wanted._statements_and_parameters
+            assert (built.routing_key, built.keyspace, built.batch_type) == (
+                wanted.routing_key, wanted.keyspace, wanted.batch_type
+            )
+        cancel = StatusReport(reports[0].task_id, 3, TaskStatus.CANCELLED)
+        single, bound = store._status_statement(cancel), _drivers_binding(set_status, cancel)
+        assert (single.values, single.routing_key, single.keyspace) == (bound.values, bound.routing_key, bound.keyspace)
+    finally:
+        store.close()
+
+
+def test_a_status_statement_of_another_layout_is_refused(
+    cassandra: CassandraConnection, keyspace: CassandraSettings
+) -> None:
+    swapped = named_queries(keyspace.keyspace)["set_status"].replace(
+        "status = ?, status_attempt = ?", "status_attempt = ?, status = ?"
+    )
+    with pytest.raises(StoreError, match="set_status binds .* update rows.py"):
+        rows.check_status_columns(cassandra.session.prepare(swapped))
+
+
+@given(
+    run_at_ms=st.integers(0, (1 << 48) - 1),
+    attempt=st.integers(0, MAX_ATTEMPTS_LIMIT),
+    status=st.sampled_from(TaskStatus),
+)
+def test_status_write_timestamp_is_the_documented_formula(run_at_ms: int, attempt: int, status: TaskStatus) -> None:
+    """The fast form (ranks by the status's value) gives what `run_at * 1000 + attempt * 8
+    + status.rank` gives."""
+    task_id = TaskId.new(run_at_ms)
+    assert status_write_timestamp_us(task_id, attempt, status) == run_at_ms * 1000 + attempt * 8 + status.rank

@@ -1,20 +1,23 @@
-"""Task rows for `insert_task`, and the id lists of `read_tasks`, serialised here
-instead of by the driver's binding.
+"""Task rows for `insert_task`, status rows for `set_status`, and the id lists of
+`read_tasks`, serialised here instead of by the driver's binding.
 
 Why: on the submit path the driver's `PreparedStatement.bind` costs ~10 µs per row
 (a type lookup, a `ColDesc` tuple and a serialiser call per value), more than all the
 SDK's own work per task; `bench/ingest.py` profiles it. The row's eleven values have
 fixed types, so they are packed here with precompiled `struct`s in ~2 µs and added to
-the batch as already-bound values, exactly the bytes the driver would send.
+the batch as already-bound values, exactly the bytes the driver would send. The same
+holds for status reports, written by a worker's settler thread one per task: the
+driver's binding of `set_status` (with the `datetime` and `UUID` values it wants, which
+it converts straight back) was most of `record_status`'s time.
 
-The layout is checked against the prepared statement's own metadata when the store
-opens (`check_insert_columns`): a change to `queries.cql` or the table that this file
-does not follow is an error at start, never a wrong row.
+The layouts are checked against the prepared statements' own metadata when the store
+opens (`check_insert_columns`, `check_status_columns`): a change to `queries.cql` or
+the table that this file does not follow is an error at start, never a wrong row.
 
 `BatchStatement` has no public method to add already-serialised values, so
 `add_rows` uses `_add_statement_and_params`, the method its public `add` calls, and
 falls back to a `BoundStatement` per row where a driver lacks it; the driver's major
-version is bounded in `pyproject.toml`, and a test compares the packed rows with the
+version is bounded in `pyproject.toml`, and tests compare the packed rows with the
 driver's own binding byte for byte.
 """
 
@@ -27,6 +30,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, BoundStateme
 
 from scheduler.errors import StoreError
 from scheduler.model import Task, TaskId
+from scheduler.ports import TaskStatus
 
 INSERT_COLUMNS = (
     ("minute_bucket", "timestamp"),
@@ -44,10 +48,25 @@ INSERT_COLUMNS = (
 """The bound columns of `insert_task`, in order, with the CQL type each is packed as
 (the driver names `text` by its alias `varchar`)."""
 
+STATUS_COLUMNS = (
+    ("[timestamp]", "bigint"),  # USING TIMESTAMP ?, in µs
+    ("status", "varchar"),
+    ("status_attempt", "int"),
+    ("last_error", "varchar"),
+    ("minute_bucket", "timestamp"),
+    ("shard", "smallint"),
+    ("run_at", "timestamp"),
+    ("task_id", "uuid"),
+)
+"""The bound values of `set_status`, in order, as `check_insert_columns` names them."""
+
 _INT64 = struct.Struct(">q").pack
 _INT32 = struct.Struct(">i").pack
 _INT16 = struct.Struct(">h").pack
 _TINY = [struct.pack(">b", code) for code in range(3)]
+_STATUS_TEXT = {status.value: status.value.encode() for status in TaskStatus}
+"""The serialised `status` column, by the status's value (a str key: an enum member's
+own hash is a Python-level call)."""
 _CLUSTERING_KEY = struct.Struct(">iiqi16s").pack
 """One element of a `list<frozen<tuple<timestamp, uuid>>>`: the element's length (32),
 then each field as length and bytes (8 for the timestamp, 16 for the uuid)."""
@@ -55,9 +74,18 @@ then each field as length and bytes (8 for the timestamp, 16 for the uuid)."""
 
 def check_insert_columns(insert: PreparedStatement) -> None:
     """Refuse to run if the prepared insert's columns are not the ones packed here."""
-    found = tuple((column.name, column.type.typename) for column in insert.column_metadata)
-    if found != INSERT_COLUMNS:
-        raise StoreError(f"insert_task binds {found}, but rows.py packs {INSERT_COLUMNS}; update rows.py")
+    _check_columns("insert_task", insert, INSERT_COLUMNS)
+
+
+def check_status_columns(set_status: PreparedStatement) -> None:
+    """Refuse to run if the prepared `set_status`'s bound values are not the ones packed here."""
+    _check_columns("set_status", set_status, STATUS_COLUMNS)
+
+
+def _check_columns(name: str, statement: PreparedStatement, packed: tuple[tuple[str, str], ...]) -> None:
+    found = tuple((column.name, column.type.typename) for column in statement.column_metadata)
+    if found != packed:
+        raise StoreError(f"{name} binds {found}, but rows.py packs {packed}; update rows.py")
 
 
 def partition_key(bucket_ms: int, shard: int) -> tuple[bytes, bytes]:
@@ -79,27 +107,46 @@ def row_values(task: Task, key: tuple[bytes, bytes]) -> list[object]:
     ]
 
 
+def status_values(
+    key: tuple[bytes, bytes], task_id: TaskId, write_timestamp_us: int, status: TaskStatus, attempt: int, error: str
+) -> list[object]:
+    """The serialised values of `set_status` on `task_id`'s home row, in the partition
+    whose key is `key`: the write timestamp, the status, its attempt and its error text
+    (the caller's choices: see `store.status_write_timestamp_us` and `bounded_error`)."""
+    return [
+        _INT64(write_timestamp_us), _STATUS_TEXT[status._value_], _INT32(attempt), error.encode(),
+        key[0], key[1], _INT64(task_id.run_at_ms), task_id.value.to_bytes(16),
+    ]
+
+
 def insert_batch(
     insert: PreparedStatement, keyspace: str, key: tuple[bytes, bytes], tasks: Sequence[Task], *, unlogged: bool = True
 ) -> BatchStatement:
     """One single-partition batch inserting `tasks`, routed to the partition's replicas."""
-    batch = BatchStatement(batch_type=BatchType.UNLOGGED if unlogged else BatchType.LOGGED)
-    batch.routing_key = list(key)
-    batch.keyspace = keyspace
+    batch = partition_batch(keyspace, key, unlogged=unlogged)
     add_rows(batch, insert, (row_values(task, key) for task in tasks))
     return batch
 
 
-def add_rows(batch: BatchStatement, insert: PreparedStatement, rows: Iterable[list[object]]) -> None:
-    """Append already-serialised rows of `insert` to `batch`."""
+def partition_batch(keyspace: str, key: tuple[bytes, bytes], *, unlogged: bool = True) -> BatchStatement:
+    """An empty batch for the partition whose key is `key`, routed to its replicas (what
+    the driver's `add` would take from the first bound statement)."""
+    batch = BatchStatement(batch_type=BatchType.UNLOGGED if unlogged else BatchType.LOGGED)
+    batch.routing_key = list(key)
+    batch.keyspace = keyspace
+    return batch
+
+
+def add_rows(batch: BatchStatement, statement: PreparedStatement, rows: Iterable[list[object]]) -> None:
+    """Append already-serialised rows (value lists) of `statement` to `batch`."""
     add = getattr(batch, "_add_statement_and_params", None)
     if add is None:  # a driver without it: the public way, a BoundStatement per row
         for values in rows:
-            bound = BoundStatement(insert)
+            bound = BoundStatement(statement)
             bound.values = values
             batch.add(bound)
         return
-    query_id = insert.query_id
+    query_id = statement.query_id
     for values in rows:
         add(True, query_id, values)
 
