@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from scheduler.model import Partition, Task, TaskId
 
@@ -76,10 +76,10 @@ class StoredTask:
         return max(self.task.attempt, self.status_attempt)
 
 
-@dataclass(frozen=True, slots=True)
-class StatusReport:
+class StatusReport(NamedTuple):
     """A worker's (or the dispatcher's) word on one attempt of a task. It is recorded
-    on the task's home row (see `TaskStore`), whichever attempt it is about."""
+    on the task's home row (see `TaskStore`), whichever attempt it is about. (A named
+    tuple: a worker makes one or two per task.)"""
 
     task_id: TaskId
     attempt: int
@@ -419,9 +419,9 @@ class HandoffReader(Protocol):
 # Workers: consuming the ready topics, dead letters, and the effect ledger.
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """One message read from a topic by a consumer-group member."""
+class Delivery(NamedTuple):
+    """One message read from a topic by a consumer-group member. (A named tuple, not a
+    frozen dataclass: a worker makes one per message, and a tuple is made 3x faster.)"""
 
     topic: str
     partition: int

@@ -162,7 +162,7 @@ class Job:
     """Deliveries of the same attempt that arrived while this one was held."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Finished:
     job: Job
     error: BaseException | None

@@ -34,7 +34,7 @@ from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStat
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Plan:
     """What must be durable before `delivery` may be committed (None: a report only)."""
 
