@@ -23,7 +23,7 @@ runs unchecked: a repeat is allowed, a stall is not. Which messages are checked 
 `WorkerConfig.check` (`CHECKS`):
 
 - `suspect` (the default) checks the messages that can be repeats: retries
-  (attempt > 1); messages of a partition this worker began reading less than
+  (attempt > 1); messages of a partition assigned to this worker less than
   `suspect_window_s` ago (after a start or a rebalance, where the uncommitted tail of
   the previous reader is delivered again); messages older than that window (a backlog,
   or a re-fire); and messages with a stale fencing token. A fresh first attempt on a
@@ -231,6 +231,8 @@ class Worker:
         self._checking = 0
         self._revoked_count: dict[TopicPartition, int] = {}
         self._first_seen: dict[TopicPartition, float] = {}
+        """When each partition was assigned to this worker (monotonic)."""
+        self._assignment_read_at = 0.0
         self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
         self._fences: dict[int, int] = {}
         self._fence_shards: set[int] = set()
@@ -287,6 +289,7 @@ class Worker:
 
     def _turn(self, consumer: Consumer) -> None:
         self._take_checked()
+        self._note_assignment(consumer)
         full = self._busy >= self.config.concurrency
         busy = full or any(self._buffers.values()) or self._checking > 0
         timeout = 0.0 if busy else 0.01 if self._running else 0.1
@@ -304,6 +307,16 @@ class Worker:
         self._flow_control(consumer)
         self._maybe_commit(consumer)
         self._maybe_refresh_fences()
+
+    def _note_assignment(self, consumer: Consumer) -> None:
+        """Record when each partition was assigned to this worker (at most every 0.1 s):
+        the start of its window of suspect messages."""
+        now = time.monotonic()
+        if now - self._assignment_read_at < 0.1:
+            return
+        self._assignment_read_at = now
+        for partition in consumer.assignment():
+            self._first_seen.setdefault(partition, now)
 
     def _wait_for_completion(self, timeout_s: float) -> None:
         try:
@@ -387,7 +400,7 @@ class Worker:
             return check == "always"
         partition = (delivery.topic, delivery.partition)
         now = time.monotonic()
-        first_seen = self._first_seen.setdefault(partition, now)
+        first_seen = self._first_seen.setdefault(partition, now)  # normally set by `_note_assignment`
         return (
             message.task.attempt > 1
             or now - first_seen < self.config.suspect_window_s
