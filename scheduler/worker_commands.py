@@ -10,7 +10,7 @@ import socket
 import sys
 import threading
 import time
-from datetime import timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import click
 
 from scheduler import wiring
 from scheduler.cli import Exit, backend_settings, cli, store_options
-from scheduler.errors import InvalidMessage
+from scheduler.errors import SchedulerError
 from scheduler.model import decode_message, decode_payload, from_ms
 from scheduler.wiring import POOL_TOPICS
 from scheduler.worker.runtime import CHECKS
@@ -99,7 +99,12 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
         logger = logging.getLogger("scheduler.worker")
         logger.info("worker %s started: app %s (%s), pool %s, concurrency %d, backend %s",
                     name, app_spec, ", ".join(app.types()), pool, concurrency, backend)
-        runner.run()
+        try:
+            runner.run()
+        except BaseException:
+            logger.exception("worker %s failed", name)
+            logging.shutdown()
+            os._exit(Exit.FAILURE)  # handler threads cannot be stopped; their tasks go to other workers
         if stats_writer is not None:
             stats_writer.join(10)
     logger.info("worker %s stopped: %s", name, json.dumps(
@@ -147,7 +152,8 @@ def dlq_list(tenant: str | None, type_: str | None, limit: int, as_json: bool, b
     """Show the dead letters not yet replayed, oldest first.
 
     Each line: the letter's name (partition:offset, for `dlq replay`), when it died,
-    tenant, type, task id, attempt, reason, and the first line of the last error.
+    tenant, type, task id, attempt, reason, and the last line of the last error (the
+    exception; `--json` has all of it).
     """
     letters, replayed, unreadable = _letters(backend, db, options)
     selected = [letter for letter in letters if _matches(letter, tenant, type_)]
@@ -199,7 +205,7 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
             chosen = [letter for letter in waiting_letters if _matches(letter, tenant, type_)]
         else:
             chosen = []
-            for name in letters:
+            for name in dict.fromkeys(letters):  # a name given twice is replayed once
                 if name not in by_name:
                     click.echo(f"{name}: no such waiting letter (already replayed, or never there)", err=True)
                     failed += 1
@@ -210,18 +216,24 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
             try:
                 task = decode_message(letter.message).task
                 payload = decode_payload(task.payload)
-            except (InvalidMessage, ValueError) as exc:
+            except Exception as exc:  # InvalidMessage, or whatever msgpack raises on a bad payload
                 click.echo(f"{letter.letter}: cannot be replayed, its message is unreadable: {exc}", err=True)
                 failed += 1
                 continue
             if dry_run:
                 click.echo(f"{letter.letter}: would replay {task.tenant}/{task.type} (was {task.id})")
                 continue
-            new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority,
-                                   idempotency_key=task.idempotency_key, max_attempts=task.max_attempts)
-            publisher.publish(settings.kafka.dead_letter_topic, [encode_replayed(
-                Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
-            publisher.flush(30.0)
+            now = datetime.now(timezone.utc)  # explicit: a keyed task needs one, and it names the new task
+            try:
+                new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
+                                       idempotency_key=task.idempotency_key, max_attempts=task.max_attempts)
+                publisher.publish(settings.kafka.dead_letter_topic, [encode_replayed(
+                    Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
+                publisher.flush(30.0)
+            except SchedulerError as exc:
+                click.echo(f"{letter.letter}: not replayed: {exc}", err=True)
+                failed += 1
+                continue
             click.echo(f"{letter.letter}: replayed as {new_id} (was {task.id})")
     if failed:
         raise click.exceptions.Exit(Exit.FAILURE)

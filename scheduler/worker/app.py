@@ -98,7 +98,7 @@ class App:
         if not callable(function):
             raise ConfigError(f"the handler of {type!r} is not callable: {function!r}")
         resolved = (policy or Policy()).over(self.policy)
-        self._handlers[type] = Handler(type, function, resolved, inspect.iscoroutinefunction(function))
+        self._handlers[type] = Handler(type, function, resolved, is_async(function))
 
     def handlers(self) -> list[Handler]:
         return list(self._handlers.values())
@@ -111,6 +111,14 @@ class App:
         return sorted(t for t, h in self._handlers.items() if pool is None or h.policy.pool == pool)
 
 
+def is_async(function: HandlerFunction) -> bool:
+    """Whether calling `function` gives a coroutine: an `async def`, one behind a
+    `functools.wraps` decorator, or an object whose `__call__` is `async def`. (The
+    runtime also runs an awaitable that a plain-looking handler returns.)"""
+    call = vars(type(function)).get("__call__")  # an instance's own async __call__, if any
+    return any(inspect.iscoroutinefunction(candidate) for candidate in (function, inspect.unwrap(function), call))
+
+
 def load_app(spec: str) -> App:
     """The `App` named by `module:attribute` (the module is imported), or `ConfigError`."""
     module_name, _, attribute = spec.partition(":")
@@ -118,8 +126,9 @@ def load_app(spec: str) -> App:
         raise ConfigError(f"--app {spec!r} should look like module:attribute, e.g. myproject.tasks:app")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r} for --app {spec!r}: {exc}") from exc
+    except Exception as exc:  # ImportError, or whatever the module raised while loading
+        raise ConfigError(f"cannot import {module_name!r} for --app {spec!r}: "
+                          f"{type(exc).__name__}: {exc}") from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         raise ConfigError(f"{spec!r} is {type(app).__name__}, not a scheduler.worker.App")

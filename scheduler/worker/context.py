@@ -15,8 +15,11 @@ earlier run completed, through the effect ledger (`EffectLedger`):
    run it again.
 
 - A repeat that finds the key done skips the effect: `once` returns `False`.
-- Two copies running at the same moment never both run it: the second finds the claim
-  held (`EffectBusy`, a retryable failure) and is retried after a backoff.
+- Two copies running at the same moment do not both run it while the first one's claim
+  holds: the second finds the claim taken (`EffectBusy`) and is tried again later as the
+  same attempt (it costs no attempt). A claim holds for the handler's timeout plus 5 s,
+  or `CLAIM_S` plus 5 s without one; an effect that outlasts its claim (a plain handler
+  that ignores its timeout) can be run again by a copy that claims after it expired.
 - **The gap that remains**: a worker that dies after step 2 and before step 3 leaves an
   effect that happened but a claim that is not done. When the claim expires, the next
   attempt runs the effect again. The ledger narrows the window to the time between the

@@ -38,6 +38,9 @@ UNKNOWN_TYPE = "no handler for the task type"
 REASONS = (PERMANENT, EXHAUSTED, UNDECODABLE, UNKNOWN_TYPE)
 
 MAX_ERROR_CHARS = 2000
+MAX_MESSAGE_BYTES = 256 * 1024
+"""A message kept in a dead letter is cut to this (a task's is far smaller; garbage may
+not be), so the letter always fits the topic's message size limit."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +73,14 @@ def bounded(error: str) -> str:
 
 
 def encode_dead_letter(letter: DeadLetter) -> bytes:
+    message = letter.message
+    error = letter.error
+    if len(message) > MAX_MESSAGE_BYTES:
+        error = f"{error} (message cut from {len(message)} to {MAX_MESSAGE_BYTES} bytes)"
+        message = message[:MAX_MESSAGE_BYTES]
     data: bytes = msgpack.packb(
-        [VERSION, "dead", letter.message, None if letter.task_id is None else letter.task_id.bytes,
-         letter.tenant, letter.type, letter.attempt, letter.reason, bounded(letter.error),
+        [VERSION, "dead", message, None if letter.task_id is None else letter.task_id.bytes,
+         letter.tenant, letter.type, letter.attempt, letter.reason, bounded(error),
          letter.source_topic, letter.dead_at_ms],
         use_bin_type=True,
     )
@@ -125,4 +133,14 @@ def waiting(deliveries: list[Delivery]) -> tuple[list[DeadLetter], dict[str, Rep
             letters.append(record)
         else:
             replayed[record.letter] = record
-    return [letter for letter in letters if letter.letter not in replayed], replayed, unreadable
+    # A letter written twice (a worker that died between the letter and the task's
+    # status, then ran the message again) is listed and replayed once.
+    seen: set[tuple[TaskId, int]] = set()
+    distinct = []
+    for letter in letters:
+        if letter.task_id is not None:
+            if (letter.task_id, letter.attempt) in seen:
+                continue
+            seen.add((letter.task_id, letter.attempt))
+        distinct.append(letter)
+    return [letter for letter in distinct if letter.letter not in replayed], replayed, unreadable

@@ -50,7 +50,6 @@ class Progress:
 
     def __init__(self) -> None:
         self._partitions: dict[TopicPartition, PartitionProgress] = {}
-        self._committed: dict[TopicPartition, int] = {}
 
     def received(self, partition: TopicPartition, offset: int) -> None:
         progress = self._partitions.get(partition)
@@ -63,24 +62,16 @@ class Progress:
         if progress is not None:
             progress.settle(offset)
 
-    def to_commit(self) -> dict[TopicPartition, int]:
-        """Positions that moved since they were last reported `committed`."""
-        moved = {}
-        for partition, progress in self._partitions.items():
-            position = progress.position
-            if position is not None and position != self._committed.get(partition):
-                moved[partition] = position
-        return moved
-
-    def committed(self, positions: dict[TopicPartition, int]) -> None:
-        self._committed.update(positions)
+    def positions(self) -> dict[TopicPartition, int]:
+        """The position to commit of every partition that has one."""
+        return {partition: progress.position for partition, progress in self._partitions.items()
+                if progress.position is not None}
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop partitions taken away from this worker: their unsettled messages will be
         delivered to another member, and late settles of them must not be committed."""
         for partition in partitions:
             self._partitions.pop(partition, None)
-            self._committed.pop(partition, None)
 
     def outstanding(self) -> int:
         """Messages received and not yet settled."""

@@ -53,11 +53,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import logging
+import math
 import queue
 import threading
 import time
 import traceback
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -79,8 +82,8 @@ from scheduler.ports import (
 )
 from scheduler.worker import dead_letters
 from scheduler.worker.app import App, Handler
-from scheduler.worker.context import CLAIM_S, Context
-from scheduler.worker.policy import RetryableError, attempts_allowed, backoff_s, is_permanent
+from scheduler.worker.context import CLAIM_S, Context, EffectBusy
+from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
 from scheduler.worker.progress import Progress
 from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
 from scheduler.worker.settle import Plan, Settler, running_report
@@ -108,6 +111,8 @@ class WorkerConfig:
     poll_batch: int = 2000
     buffer_per_topic: int = 4000
     """Buffered messages of one topic above which its partitions are paused."""
+    max_outstanding: int = 50_000
+    """Messages received and not yet settled above which every topic is paused."""
     weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     commit_interval_s: float = 0.5
     fence_refresh_s: float = 5.0
@@ -135,6 +140,8 @@ class WorkerStats:
     unknown_type: int = 0
     timed_out: int = 0
     merged: int = 0
+    deferred: int = 0
+    stuck: int = 0
     launches: int = 0
     """Hand-offs to a handler thread or the event loop (below `started` when chunked)."""
     check_failures: int = 0
@@ -213,6 +220,10 @@ class Worker:
         self._short_names = {topic: name for name, topic in config.topics.items()}
         self._buffers: dict[str, deque[Job]] = {name: deque() for name in config.topics}
         self._paused: set[str] = set()
+        self._paused_view: tuple[str, ...] = ()
+        self._owed: str | None = None
+        """A topic picked whose job was put back to start alone: it goes first next."""
+        """A copy of `_paused` for other threads (the stats writer)."""
         self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
         self._progress = Progress()
         self._running: dict[Job, None] = {}
@@ -247,6 +258,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: Consumer | None = None
         self.abandoned = 0
+        self._instance = f"{config.member}-{uuid.uuid4().hex[:8]}"
+        """This process's name in effect claims: unique even if two share a member name."""
         """Handlers still running when `run` returned (past the drain timeout)."""
 
     # Control.
@@ -264,7 +277,7 @@ class Worker:
         stats["running"] = len(self._running)
         stats["zombies"] = self._zombies
         stats["buffered"] = {name: len(buffer) for name, buffer in self._buffers.items()}
-        stats["paused"] = sorted(self._paused)
+        stats["paused"] = list(self._paused_view)
         return stats
 
     def run(self) -> None:
@@ -276,6 +289,15 @@ class Worker:
             while not self._stop.is_set():
                 self._turn(consumer)
             self._drain(consumer)
+        except BaseException:
+            # A bug or a fatal queue error: keep what is already settled, then fail loudly.
+            self.abandoned = len(self._running) + self._zombies
+            try:
+                self._take_settled()
+                self._maybe_commit(consumer, force=True)
+            except BaseException:
+                log.exception("committing the settled positions on the way out failed as well")
+            raise
         finally:
             try:
                 consumer.close()
@@ -291,14 +313,14 @@ class Worker:
         self._take_checked()
         self._note_assignment(consumer)
         full = self._busy >= self.config.concurrency
-        busy = full or any(self._buffers.values()) or self._checking > 0
-        timeout = 0.0 if busy else 0.01 if self._running else 0.1
-        # Messages at the checker count against the buffer: stop fetching while many are.
-        room = self.config.poll_batch if self._checking < 4 * self.config.poll_batch else 0
-        deliveries = consumer.poll(room, timeout) if room else []
+        startable = not full and any(self._buffers.values())
+        # Poll every turn, even with every topic paused: a member that stops polling
+        # is taken for dead and loses its partitions.
+        timeout = 0.0 if startable else 0.005 if (full or self._checking or self._running) else 0.1
+        deliveries = consumer.poll(self.config.poll_batch, timeout)
         if deliveries:
             self._admit(deliveries)
-        elif full or not room:
+        elif full:
             self._wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
         self._start_ready()
         self._collect()
@@ -348,7 +370,8 @@ class Worker:
 
     def _check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId],
                revocations: dict[TopicPartition, int]) -> None:
-        """On the checker thread."""
+        """On the checker thread; whatever happens, the batch goes back to the main loop."""
+        homes: dict[TaskId, StoredTask] | None = None
         try:
             homes = self._homes(suspects)
         finally:
@@ -413,7 +436,7 @@ class Worker:
             return {}
         try:
             return self._store.get_many(ids)
-        except SchedulerError as exc:
+        except Exception as exc:  # any failure: run unchecked rather than stall
             self.stats.check_failures += 1
             log.warning("home-row check of %d tasks failed; running them unchecked: %s", len(ids), exc)
             return None
@@ -454,13 +477,15 @@ class Worker:
             size = min(CHUNK_MAX, max(1, total // (concurrency - self._busy)))
             chunk: list[Job] = []
             while len(chunk) < size:
-                name = self._serving.pick(lambda topic: bool(buffers[topic]))
+                name, self._owed = (self._owed, None) if self._owed and buffers[self._owed] else (
+                    self._serving.pick(lambda topic: bool(buffers[topic])), None)
                 if name is None:
                     break
                 job = buffers[name].popleft()
                 if not self._chunkable(job):
-                    if chunk:  # run alone: next time round
+                    if chunk:  # it runs alone, first thing next time round: its pick stands
                         buffers[name].appendleft(job)
+                        self._owed = name
                         break
                     self.stats.served[name] = self.stats.served.get(name, 0) + 1
                     chunk.append(job)
@@ -489,7 +514,7 @@ class Worker:
                 self._on_started(job)
             self._settler.submit(Plan(None, report=running_report(task)))
             calls.append((job, Context(task, job.message.fence, self._ledger,
-                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self.config.member)))
+                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self._instance)))
         self.stats.started += len(jobs)
         self.stats.launches += 1
         self._busy += 1
@@ -517,7 +542,9 @@ class Worker:
             return Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}", frees_slot=frees_slot)
         began = time.perf_counter()
         try:
-            job.handler.function(context, payload)
+            result = job.handler.function(context, payload)
+            if inspect.isawaitable(result):  # an async handler behind a plain wrapper
+                asyncio.run(_awaited(result))
         except BaseException as exc:  # a handler's failure is an outcome, never the worker's
             return Finished(job, exc, context=context, frees_slot=frees_slot,
                             duration_s=time.perf_counter() - began)
@@ -591,6 +618,11 @@ class Worker:
             del self._running[job]
             self._zombies += 1
             self.stats.timed_out += 1
+            if self._zombies >= self.config.concurrency:
+                self.stats.stuck += 1
+                log.error("every handler thread is stuck past its timeout; stopping so that other workers "
+                          "take this worker's partitions")
+                self._stop.set()
             error = TimeoutError(f"handler ran past its {job.handler.policy.timeout_s} s timeout")
             self._outcome(job, error, None)
 
@@ -615,11 +647,20 @@ class Worker:
         if is_permanent(error, policy):
             self._dead(delivery, job.message, dead_letters.PERMANENT, text)
             return
+        if isinstance(error, TimeoutError) and job.handler.is_async:
+            self.stats.timed_out += 1
+        if isinstance(error, EffectBusy):
+            # Another copy of this attempt holds the effect's claim right now: try this
+            # copy again later as the same attempt, with no report. It costs no attempt,
+            # and it can never end the task `dead` while the other copy ends it `done`.
+            wait_s = max(1.0, backoff_s(task.attempt, policy))
+            self.stats.deferred += 1
+            self._settler.submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
+            return
         if task.attempt >= attempts_allowed(task.max_attempts, policy):
             self._dead(delivery, job.message, dead_letters.EXHAUSTED, text)
             return
-        explicit = error.delay_s if isinstance(error, RetryableError) else None
-        delay_s = explicit if explicit is not None else backoff_s(task.attempt, policy)
+        delay_s = retry_delay_s(error, task.attempt, policy)
         retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
         self.stats.retried += 1
         self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
@@ -650,15 +691,22 @@ class Worker:
                 self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
 
     def _flow_control(self, consumer: Consumer) -> None:
+        """Pause a topic whose buffer is full (resume at half), and every topic while
+        too much is in hand: at the checker, or received and not yet settled (a store
+        outage must not turn into unbounded memory and handlers running ahead of it)."""
         limit = self.config.buffer_per_topic
+        held = (self._checking >= 4 * self.config.poll_batch
+                or self._progress.outstanding() >= self.config.max_outstanding)
         for name, buffer in self._buffers.items():
-            topic = self.config.topics[name]
-            if len(buffer) >= limit and name not in self._paused:
-                consumer.pause([topic])
+            full = len(buffer) >= limit or (name in self._paused and len(buffer) >= limit // 2)
+            want = held or full
+            if want and name not in self._paused:
+                consumer.pause([self.config.topics[name]])
                 self._paused.add(name)
-            elif len(buffer) < limit // 2 and name in self._paused:
-                consumer.resume([topic])
+            elif not want and name in self._paused:
+                consumer.resume([self.config.topics[name]])
                 self._paused.discard(name)
+        self._paused_view = tuple(sorted(self._paused))
 
     _last_commit = 0.0
 
@@ -667,7 +715,9 @@ class Worker:
         if not force and now - self._last_commit < self.config.commit_interval_s:
             return
         self._last_commit = now
-        positions = self._progress.to_commit()
+        # Every known position, not only those that moved: a commit the queue dropped
+        # (Kafka drops one made while the group rebalances) is made again next time.
+        positions = self._progress.positions()
         if not positions:
             return
         try:
@@ -676,7 +726,6 @@ class Worker:
             self.stats.commit_failures += 1
             log.warning("commit failed (the messages will be delivered again if this worker dies): %s", exc)
             return
-        self._progress.committed(positions)
         self.stats.commits += 1
 
     def _revoked(self, partitions: list[TopicPartition]) -> None:
@@ -685,7 +734,7 @@ class Worker:
         self.stats.revoked += len(partitions)
         self._take_settled()
         lost = set(partitions)
-        positions = {p: pos for p, pos in self._progress.to_commit().items() if p in lost}
+        positions = {p: pos for p, pos in self._progress.positions().items() if p in lost}
         if positions and self._consumer is not None:
             try:
                 self._consumer.commit(positions)
@@ -719,7 +768,10 @@ class Worker:
         if self._running:
             log.warning("%d handlers still running at the drain timeout; their tasks will be delivered again",
                         len(self._running))
-        self._settler.stop(max(1.0, deadline - time.monotonic()))
+        self._settler.begin_stop(max(1.0, deadline - time.monotonic()))
+        while not self._settler.stopped():
+            consumer.poll(self.config.poll_batch, 0.05)
+            self._take_settled()
         self._take_settled()
         self._maybe_commit(consumer, force=True)
 
@@ -754,11 +806,32 @@ class Worker:
                 self._fences[shard] = token
 
 
+MAX_RETRY_DELAY_S = 7 * 86_400.0
+"""Longest wait a handler may ask for with `RetryableError(delay_s=...)`."""
+
+
+def retry_delay_s(error: BaseException, failed_attempt: int, policy: Policy) -> float:
+    """The handler's own `delay_s` if it is a sane number of seconds, else the backoff.
+    (A NaN, a negative or an absurd delay must not crash the main loop of every worker
+    the message reaches.)"""
+    asked = error.delay_s if isinstance(error, RetryableError) else None
+    if isinstance(asked, int | float) and math.isfinite(asked) and 0 <= asked <= MAX_RETRY_DELAY_S:
+        return float(asked)
+    if asked is not None:
+        log.warning("ignoring RetryableError(delay_s=%r): not a number of seconds from 0 to %d", asked,
+                    MAX_RETRY_DELAY_S)
+    return backoff_s(failed_attempt, policy)
+
+
 def describe(error: BaseException) -> str:
     """The error as a dead letter or a status shows it: type, message, and the last
     frames of the traceback (bounded)."""
     frames = traceback.format_exception(error, limit=-3)
     return dead_letters.bounded("".join(frames).strip())
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def _id_of(value: bytes) -> TaskId | None:

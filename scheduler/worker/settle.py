@@ -83,6 +83,7 @@ class Settler:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="settler", daemon=True)
         self._last_write = 0.0
+        self._deadline = float("inf")
         self.stats = SettlerStats()
 
     def start(self) -> None:
@@ -91,13 +92,14 @@ class Settler:
     def submit(self, plan: Plan) -> None:
         self._plans.put(plan)
 
-    def stop(self, timeout_s: float) -> bool:
-        """Settle what is queued (retrying failed writes until `timeout_s`), then stop.
-        False if plans were left unsettled (their messages will be delivered again)."""
+    def begin_stop(self, timeout_s: float) -> None:
+        """Settle what is queued (retrying failed writes until `timeout_s`), then stop;
+        `stopped` tells when. What is left unsettled is delivered again."""
         self._deadline = time.monotonic() + timeout_s
         self._stopping.set()
-        self._thread.join(timeout_s + 1)
-        return not self._thread.is_alive() and self._plans.empty()
+
+    def stopped(self) -> bool:
+        return not self._thread.is_alive() or time.monotonic() > self._deadline + 1.0
 
     def _run(self) -> None:
         while True:

@@ -111,7 +111,7 @@ def test_the_commit_position_never_passes_an_unsettled_message(order: list[int],
     settled = {100 + n for n in order[:settled_count]}
     for offset in settled:
         progress.settle(("t", 0), offset)
-    position = progress.to_commit().get(("t", 0))
+    position = progress.positions().get(("t", 0))
     expected = 100
     while expected in settled:
         expected += 1
@@ -124,12 +124,10 @@ def test_a_forgotten_partition_is_never_committed() -> None:
     progress.received(("t", 1), 5)
     progress.forget([("t", 1)])
     progress.settle(("t", 1), 5)
-    assert progress.to_commit() == {}
+    assert progress.positions() == {}
     progress.received(("t", 2), 7)
     progress.settle(("t", 2), 7)
-    assert progress.to_commit() == {("t", 2): 8}
-    progress.committed({("t", 2): 8})
-    assert progress.to_commit() == {}
+    assert progress.positions() == {("t", 2): 8}
 
 
 def test_coalescing_keeps_the_report_the_store_would_keep() -> None:

@@ -10,6 +10,7 @@ kills. Behaviour is chosen by the payload:
     {"mode": "sleep", "s": 0.2}         sleep, then return
     {"mode": "fail"}                    raise a retryable error (every attempt)
     {"mode": "permanent"}               raise a permanent error
+    {"mode": "wait_for", "path": P}     wait (up to 60 s) until file P exists
     {"mode": "block_once", "marker": P} the first run creates file P and blocks for
                                         minutes (to be killed); later runs return
     {"effect": "k"}                     with any mode that returns: ctx.once("k", ...)
@@ -77,6 +78,10 @@ def behave(ctx: Context, payload: dict[str, Any]) -> None:
         raise RuntimeError(f"provider timed out (attempt {ctx.attempt})")
     elif mode == "permanent":
         raise PermanentError(f"invalid phone number {payload.get('to', '+00')}")
+    elif mode == "wait_for":
+        deadline = time.monotonic() + 60
+        while not Path(payload["path"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
     elif mode == "block_once":
         marker = Path(payload["marker"])
         if not marker.exists():

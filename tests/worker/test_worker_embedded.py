@@ -3,6 +3,8 @@ process: outcomes, skips, dead letters, retries, weighted serving, pools, stop."
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import threading
 import time
 from collections import Counter
@@ -15,7 +17,7 @@ import pytest
 
 from scheduler.model import Priority, decode_message
 from scheduler.ports import Delivery, StatusReport, TaskStatus
-from scheduler.worker import App, Context, dead_letters
+from scheduler.worker import App, Context, RetryableError, dead_letters
 from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
 
 
@@ -281,3 +283,93 @@ def test_fast_handlers_run_in_chunks_slow_ones_alone(rig: EmbeddedRig) -> None:
     # The fast ones went to the threads in chunks: far fewer hand-offs than tasks.
     assert worker.stats.launches < 3004 / 2, worker.stats.launches
     wait_for(lambda: all(rig.home(t).status is TaskStatus.DONE for t in slow_tasks + fast_tasks[::100]))
+
+
+def test_async_handlers_behind_a_plain_wrapper_or_a_callable_object_really_run(rig: EmbeddedRig) -> None:
+    ran: list[str] = []
+    app = App("wrapped")
+
+    def logged(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(*args: Any) -> Any:
+            return function(*args)
+        return wrapper
+
+    @app.handler("wrapped")
+    @logged
+    async def wrapped(ctx: Context, payload: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        ran.append("wrapped")
+
+    class Callable_:
+        async def __call__(self, ctx: Context, payload: dict[str, Any]) -> None:
+            ran.append("object")
+
+    app.register("object", Callable_())
+    items = rig.fire([task("wrapped"), task("object")])
+    rig.start(app)
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items))
+    assert sorted(ran) == ["object", "wrapped"]
+
+
+def test_a_nonsense_retry_delay_falls_back_to_the_backoff_and_the_worker_lives(rig: EmbeddedRig) -> None:
+    app = App("delays", backoff_base_s=1, jitter="none")
+
+    @app.handler("sms")
+    def sms(ctx: Context, payload: dict[str, Any]) -> None:
+        raise RetryableError("try later", delay_s=payload["d"])
+
+    items = rig.fire([task("sms", {"d": d}) for d in (float("nan"), 1e300, -5, 2)])
+    before = time.time_ns() // 1_000_000
+    worker = rig.start(app)
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.FAILED for i in items), what="four failures")
+    copies = {decode_message_or_none(v).id: decode_message_or_none(v) for v in rig.handoffs()}
+    waits = [copies[i.id].run_at_ms - before for i in items]
+    assert all(900 <= w <= 1500 for w in waits[:3]), waits  # the 1 s backoff
+    assert 1900 <= waits[3] <= 2500, waits  # the handler's own sane 2 s
+    assert worker.stats.retried == 4 and not worker.wait_stopped(0)
+
+
+def test_an_unexpected_error_of_the_home_row_check_runs_the_batch_unchecked(rig: EmbeddedRig) -> None:
+    def broken(ids: Any) -> Any:
+        raise KeyError("a status this version does not know")
+
+    rig.store.get_many = broken  # type: ignore[method-assign,assignment]
+    items = rig.fire([task("sms") for _ in range(5)])
+    worker = rig.start(check="always")
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items))
+    assert worker.stats.check_failures >= 1
+    wait_for(lambda: rig.queue.position(KAFKA.worker_group("default"), KAFKA.ready_topic("normal"), 0) == 5)
+
+
+def test_a_copy_that_finds_the_effect_claimed_is_deferred_as_the_same_attempt(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"effect": "busy-1"}, attempt=3, max_attempts=3)])
+    assert rig.ledger.claim("board", "busy-1", "another-copy", 60).value == "claimed"
+    worker = rig.start()
+    wait_for(lambda: worker.stats.deferred == 1 and rig.handoffs(), what="the deferral")
+    copies = [decode_message_or_none(v) for v in rig.handoffs()]
+    assert [(c.id, c.attempt) for c in copies if c is not None] == [(item.id, 3)]
+    assert rig.home(item).status is TaskStatus.RUNNING  # not failed, not dead: the last attempt is not spent
+    assert worker.stats.dead == 0 and not letters(rig)
+
+
+def test_low_is_served_even_when_its_jobs_cannot_join_a_chunk(rig: EmbeddedRig) -> None:
+    order: list[str] = []
+    app = App("starve")
+
+    @app.handler("fast")
+    def fast(ctx: Context, payload: dict[str, Any]) -> None:
+        order.append("high")
+
+    @app.handler("careful", timeout_s=30)  # a timeout: always started alone
+    def careful(ctx: Context, payload: dict[str, Any]) -> None:
+        order.append("low")
+
+    rig.fire([task("fast", priority=Priority.HIGH) for _ in range(200)])
+    worker = rig.start(app, concurrency=1)
+    wait_for(lambda: len(order) >= 200)  # "fast" is now known to be fast: it is chunked
+    rig.fire([task("fast", priority=Priority.HIGH) for _ in range(4000)])
+    rig.fire([task("careful", priority=Priority.LOW) for _ in range(200)])
+    wait_for(lambda: order.count("low") >= 50 or worker.stats.done >= 4400, timeout_s=60)
+    served_while_both = order[200:200 + 1000]
+    assert served_while_both.count("low") >= 50, Counter(served_while_both)
