@@ -316,7 +316,8 @@ class Worker:
         startable = not full and any(self._buffers.values())
         # Poll every turn, even with every topic paused: a member that stops polling
         # is taken for dead and loses its partitions.
-        timeout = 0.0 if startable else 0.005 if (full or self._checking or self._running) else 0.1
+        # Full: poll without waiting, then wait on the completions (a freed slot wakes it).
+        timeout = 0.0 if startable or full else 0.005 if (self._checking or self._running) else 0.1
         deliveries = consumer.poll(self.config.poll_batch, timeout)
         if deliveries:
             self._admit(deliveries)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from cassandra import ConsistencyLevel, DriverException
 from cassandra.auth import PlainTextAuthProvider
@@ -75,3 +76,12 @@ def connect(settings: CassandraSettings) -> CassandraConnection:
             "SCHEDULER_CASSANDRA_PORT."
         ) from exc
     return CassandraConnection(cluster, session)
+
+
+def answer_column(result: Any, name: str) -> Any:
+    """A column of the first row of a conditional write's answer (tuple rows)."""
+    names = list(result.column_names or [])
+    row = result.one()
+    if row is None or name not in names:
+        return None
+    return row[names.index(name)]

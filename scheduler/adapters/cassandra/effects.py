@@ -58,7 +58,7 @@ from cassandra import OperationTimedOut, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
 from cassandra.query import PreparedStatement
 
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.ports import EffectClaim
 from scheduler.settings import CassandraSettings, check_keyspace
@@ -141,7 +141,7 @@ class CassandraEffectLedger:
         result = self._run("claim", (ttl, owner, _now_ms(), scope, key))
         if result.was_applied:
             return EffectClaim.CLAIMED
-        state, holder = _column(result, "state"), _column(result, "owner")
+        state, holder = answer_column(result, "state"), answer_column(result, "owner")
         if state == _DONE:
             return EffectClaim.DONE
         if state == _CLAIMED and holder == owner:
@@ -199,15 +199,6 @@ def _check_names(scope: str, key: str, owner: str) -> None:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _column(result: Any, name: str) -> Any:
-    """A column of the row a conditional write that was not applied answers with."""
-    names = list(result.column_names or [])
-    row = result.one()
-    if row is None or name not in names:
-        return None
-    return row[names.index(name)]
 
 
 def _describe(exc: BaseException) -> str:

@@ -53,7 +53,7 @@ from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
 from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement, Statement, tuple_factory
 
 from scheduler.adapters.cassandra import rows
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
 from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import (
     BUCKET_MS,
@@ -451,7 +451,7 @@ class CassandraTaskStore:
             result = attempt("raise_fence", (token, bucket, partition.shard, token))
             if result.was_applied:
                 return True
-            if _column(result, "fence") is not None:
+            if answer_column(result, "fence") is not None:
                 return False  # a newer token has written here
             # No fence yet: the first fenced write. If another token sets it first (an older
             # one, during a take-over), go round: `IF fence <= token` then decides.
@@ -516,15 +516,6 @@ def _tuple_profile(connection: CassandraConnection) -> Any:
         request_timeout=default.request_timeout,
         row_factory=tuple_factory,
     )
-
-
-def _column(result: Any, name: str) -> Any:
-    """A column of the first row of a conditional write's answer (tuple rows)."""
-    names = list(result.column_names or [])
-    row = result.one()
-    if row is None or name not in names:
-        return None
-    return row[names.index(name)]
 
 
 def _utc(moment: datetime) -> datetime:
