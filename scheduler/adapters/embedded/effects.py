@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from scheduler.adapters.embedded.sqlite import immediate
+from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
 from scheduler.errors import StoreError
 from scheduler.ports import EffectClaim
 
@@ -85,18 +85,11 @@ class SqliteEffectLedger:
         self._clock_ms = clock_ms
         self._lock = threading.Lock()
         self._next_purge_ms = 0
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = sqlite3.connect(
-                str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            for pragma in ("journal_mode=WAL", f"synchronous={synchronous}"):
-                self._db.execute(f"PRAGMA {pragma}")
+            self._db = open_db(path, busy_timeout_s=busy_timeout_s,
+                               pragmas=("journal_mode=WAL", f"synchronous={synchronous}"))
             with immediate(self._db) as db:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                create_tables(db, SCHEMA)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the effect ledger at {path}: {exc}") from exc
         self.path = str(path)

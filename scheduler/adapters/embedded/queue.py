@@ -66,7 +66,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scheduler.adapters.embedded.sqlite import immediate
+from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
 from scheduler.errors import QueueError
 from scheduler.model import check_shard_count
 from scheduler.ports import (
@@ -181,22 +181,15 @@ class SqliteQueue:
         handoff_topic: str = KafkaSettings().handoff_topic,
         busy_timeout_s: float = 30.0,
     ) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = str(path)
         self.handoff_topic = handoff_topic
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._appended = threading.Condition()
         try:
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None,
-                                       check_same_thread=False)
-            for pragma in ("journal_mode=WAL", "synchronous=FULL"):
-                self._db.execute(f"PRAGMA {pragma}")
+            self._db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=("journal_mode=WAL", "synchronous=FULL"))
             with self._transaction() as db:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                create_tables(db, SCHEMA)
         except (sqlite3.Error, QueueError) as exc:
             raise QueueError(f"cannot open the embedded queue at {path}: {exc}") from exc
 

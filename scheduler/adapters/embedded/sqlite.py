@@ -1,4 +1,5 @@
-"""What the embedded adapters share about SQLite: one write transaction done right.
+"""What the embedded adapters share about SQLite: how a file is opened, and one write
+transaction done right.
 
 `BEGIN IMMEDIATE` takes the write lock at once, so a read-then-write inside the
 transaction never interleaves with another process's write. A failure anywhere,
@@ -9,8 +10,29 @@ as `sqlite3.Error` for it to translate into its own.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
+
+
+def open_db(path: str | Path, *, busy_timeout_s: float, pragmas: Iterable[str]) -> sqlite3.Connection:
+    """A connection to the file at `path` (its folder made if missing; `":memory:"`
+    for a private database) in autocommit mode, so that every write goes through
+    `immediate`, usable from any thread under the caller's own lock, with `pragmas`
+    set. A writer waits up to `busy_timeout_s` for another process's write lock."""
+    if str(path) != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
+    for pragma in pragmas:
+        db.execute(f"PRAGMA {pragma}")
+    return db
+
+
+def create_tables(db: sqlite3.Connection, schema: str) -> None:
+    """Run each `;`-separated statement of `schema` (inside the caller's transaction)."""
+    for statement in schema.split(";"):
+        if statement.strip():
+            db.execute(statement)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scheduler.adapters.embedded.sqlite import immediate
+from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import (
     DEFAULT_SHARD_COUNT,
@@ -147,19 +147,11 @@ class SqliteTaskStore:
         check_shard_count(shard_count)
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         try:
-            self._db = sqlite3.connect(
-                str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-            )
-            for pragma in (*PRAGMAS, f"synchronous={synchronous}"):
-                self._db.execute(f"PRAGMA {pragma}")
+            self._db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=(*PRAGMAS, f"synchronous={synchronous}"))
             with self._transaction() as db:
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                create_tables(db, SCHEMA)
                 add_missing_columns(db)
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('shard_count', ?)", (str(shard_count),))
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('created_ms', ?)", (str(time.time_ns() // 1_000_000),))
