@@ -42,7 +42,9 @@ EVENT = re.compile(
 
 
 @dataclass
-class Dispatcher:
+class ManagedProcess:
+    """A `scheduler` process a test started: its log, its stats file, and signals."""
+
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
@@ -56,9 +58,6 @@ class Dispatcher:
             return {}
         return document
 
-    def shards(self) -> list[int]:
-        return list(self.stats().get("shards", []))
-
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
@@ -67,6 +66,12 @@ class Dispatcher:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+
+@dataclass
+class Dispatcher(ManagedProcess):
+    def shards(self) -> list[int]:
+        return list(self.stats().get("shards", []))
 
 
 @dataclass

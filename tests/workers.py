@@ -10,7 +10,6 @@ can wait for a stable group before it does anything a rebalance would disturb.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,12 +17,12 @@ import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
 
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
 from scheduler.settings import KafkaSettings
+from tests.dispatchers import ManagedProcess
 from tests.support import wait_until
 from tests.worker.apps import Sink
 
@@ -34,33 +33,10 @@ SESSION_TIMEOUT_S = 6.0
 
 
 @dataclass
-class WorkerProcess:
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    stats_path: Path
-    log_file: BinaryIO
-
+class WorkerProcess(ManagedProcess):
     @property
     def pid(self) -> int:
         return self.process.pid
-
-    def stats(self) -> dict[str, Any]:
-        """The worker's last stats document (rewritten every second), or {} before the first."""
-        try:
-            document: dict[str, Any] = json.loads(self.stats_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return {}
-        return document
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def signal(self, signum: int) -> None:
-        os.kill(self.process.pid, signum)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
 
     def kill(self) -> None:
         """kill -9, and reap the process."""
