@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from scheduler.adapters.kafka.consumer import KafkaConsumer, KafkaTopicScanner
-from scheduler.errors import QueueUnavailable
+from scheduler.errors import ConfigError, QueueUnavailable
 from scheduler.settings import KafkaSettings
 from tests.cluster import Cluster, unique_name
 from tests.contract.test_consumer import KafkaBackend, offsets, split, until, values
@@ -62,3 +62,17 @@ def test_a_member_that_stops_polling_loses_its_partitions_after_the_session_time
     assert backend.committed(group, *held_by_a[:1], [held_by_a[1]]) == {held_by_a[1]: 1}
     until(lambda: len(a.revoked) > revoked_before, a, what="a to hear it lost its partition", disjoint=False)
     assert a.revoked[revoked_before:] == [[held_by_a]]
+
+
+def test_a_session_timeout_the_broker_refuses_is_a_config_error_not_an_idle_member(backend: KafkaBackend) -> None:
+    topic = backend.topic(1)
+    backend.publish(topic, 0, values("p", 1))
+    consumer = KafkaConsumer(backend.settings, unique_name("g"), [topic], member="short",
+                             session_timeout_s=SESSION_S / 2)
+    try:
+        deadline = time.monotonic() + 30
+        with pytest.raises(ConfigError, match="group.min.session.timeout.ms"):
+            while time.monotonic() < deadline:
+                consumer.poll(10, 0.5)
+    finally:
+        consumer.close()

@@ -84,7 +84,8 @@ class KafkaConsumer:
 
     `session_timeout_s` must lie within the broker's `group.min.session.timeout.ms` and
     `group.max.session.timeout.ms` (6 s and 30 min by default); outside them the broker
-    refuses to let the member join, and `poll` logs that and returns nothing.
+    refuses to let the member join, and `poll` raises `ConfigError` (librdkafka would
+    retry the join for ever, and the worker would sit idle, looking healthy).
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class KafkaConsumer:
         self.settings = settings
         self.group = group
         self.member = member
+        self.session_timeout_s = session_timeout_s
         self._on_revoked = on_revoked
         self._assigned: set[TopicPartition] = set()
         self._paused: set[str] = set()
@@ -179,6 +181,12 @@ class KafkaConsumer:
             return
         if error.fatal():
             raise QueueError(f"the consumer of group {self.group} failed for good ({error}); make a new one")
+        if error.code() == KafkaError.INVALID_SESSION_TIMEOUT:
+            # librdkafka would retry the join for ever; no retry can succeed.
+            raise ConfigError(
+                f"the broker refuses the session timeout of group {self.group} ({self.session_timeout_s:g} s): it "
+                "must lie within the broker's group.min.session.timeout.ms (6 s by default) and "
+                "group.max.session.timeout.ms")
         if error.str() != self._last_error:  # librdkafka repeats it on every retry
             log.warning("consumer of group %s: %s", self.group, error, extra={"action": "kafka.consumer.error"})
         self._last_error = error.str()
