@@ -1,0 +1,300 @@
+"""The whole demo, step by step (`play`):
+
+1. Two dispatchers start and share the 64 shards; two workers join.
+2. The board submits its result batches, due `lead_s` from now; the college books its
+   reminders for `reminder_delay_s` after that; one reminder cannot be delivered.
+3. While the results go out, one worker is killed (kill -9) in the middle of a batch:
+   the other worker receives its uncommitted batches and re-runs them; the provider
+   absorbs the messages already sent.
+4. Halfway to the reminders, dispatcher-1 is killed (kill -9) with the reminders of its
+   shards loaded; its leases expire and dispatcher-2 takes every shard over and fires
+   them on time.
+5. When every task has ended (or the deadline passed), the workers and the dispatcher
+   are stopped and the summary reconciles every task and every SMS.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from scheduler import wiring
+from scheduler.errors import SchedulerError, StoreUnavailable
+from scheduler.model import TaskId
+from scheduler.ports import StoredTask, TaskStore
+from scheduler.producer import Client
+from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+from .app import GATEWAY_ENV
+from .board import Board, Frame
+from .fleet import Fleet, Member
+from .gateway import Gateway, now_ms
+from .local import LEASE_TIMEOUT_S, LocalDeployment
+from .outcome import Planned, status_counts, summarise
+from .story import RESULT_TYPE, Story
+
+APP = "scheduler.demo.app:app"
+SESSION_TIMEOUT_S = 6.0
+"""The workers' group session timeout: the smallest Kafka accepts by default
+(`group.min.session.timeout.ms`), so a killed worker's batches move on quickly."""
+START_TIMEOUT_S = 60.0
+FINISH_GRACE_S = 90.0
+"""How long after the reminders are due the demo waits for every task to end."""
+TICK_S = 0.2
+BACKEND_NAMES = {"embedded": "embedded backend (SQLite files, no servers)",
+                 "local": "local cluster (Cassandra, Kafka, ZooKeeper)"}
+
+
+class DemoFailure(SchedulerError):
+    """The demo could not play its story (a process died, a submit failed)."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    story: Story = field(default_factory=Story)
+    backend: str = "embedded"
+    """embedded (SQLite files, no servers) or local (the real servers)."""
+    directory: Path | None = None
+    lead_s: float = 10.0
+    workers: int = 2
+    concurrency: int = 4
+    keep: bool = False
+
+
+@dataclass
+class Stage:
+    """Where the story is: what has happened, and when (ms since the demo began)."""
+
+    began_ms: int
+    events: list[dict[str, Any]] = field(default_factory=list)
+    worker_killed: bool = False
+    dispatcher_killed: Member | None = None
+    reowned: bool = False
+
+    def note(self, what: str, **figures: Any) -> None:
+        self.events.append({"at_s": round((now_ms() - self.began_ms) / 1000, 1), "what": what, **figures})
+
+
+def play(options: DemoOptions, console: Console) -> dict[str, Any]:
+    """Play the story; the summary document (`outcome.summarise`). Raises `DemoFailure`
+    if it cannot be played, and the scheduler's errors if a backend is unreachable."""
+    directory = options.directory or Path(tempfile.mkdtemp(prefix="scheduler-demo-"))
+    directory.mkdir(parents=True, exist_ok=True)
+    if any(directory.iterdir()):
+        raise DemoFailure(f"{directory} is not empty: the demo needs a directory of its own")
+    failed = True
+    try:
+        with ExitStack() as stack:
+            settings, backend_args, env = stack.enter_context(_backend(options, directory, console))
+            gateway = Gateway(directory / "gateway.db")
+            stack.callback(gateway.close)
+            store = stack.enter_context(wiring.open_store(settings))
+            fleet = Fleet(directory, backend_args, {**env, GATEWAY_ENV: str(gateway.path)})
+            stack.callback(fleet.stop)
+            summary = _story(options, settings, store, fleet, gateway, console)
+            failed = not summary["ok"]
+            return summary
+    finally:
+        empty = not any(directory.iterdir())
+        if (options.keep or failed) and not empty:
+            console.print(f"logs, stats and databases kept in {directory}", highlight=False)
+        elif options.directory is None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def _backend(options: DemoOptions, directory: Path,
+             console: Console) -> Iterator[tuple[wiring.BackendSettings, list[str], dict[str, str]]]:
+    """The settings of the demo's own client, the backend arguments and environment of
+    its processes; for `local`, a deployment of its own, removed afterwards."""
+    if options.backend == "embedded":
+        kafka = KafkaSettings.from_env()
+        cassandra = CassandraSettings.from_env()
+        settings = wiring.BackendSettings("embedded", directory / "tasks.db", cassandra, kafka,
+                                          ZooKeeperSettings.from_env())
+        yield settings, ["--backend", "embedded", "--db", str(settings.db)], {
+            "SCHEDULER_TOPIC_PREFIX": kafka.topic_prefix, "SCHEDULER_SHARDS_TOTAL": str(cassandra.shard_count)}
+        return
+    deployment = LocalDeployment.fresh()
+    console.print(f"creating keyspace {deployment.cassandra.keyspace}, topics {deployment.kafka.topic_prefix}.* "
+                  f"and ZooKeeper root {deployment.zookeeper.root}", highlight=False)
+
+    def remove() -> None:
+        if not options.keep:
+            for warning in deployment.remove():
+                console.print(f"warning: {warning}", highlight=False)
+
+    try:
+        deployment.create()
+    except StoreUnavailable:
+        raise  # Cassandra is out of reach: nothing was made, and removing would only wait on it
+    except BaseException:
+        remove()
+        raise
+    try:
+        settings = wiring.BackendSettings("cassandra", directory / "unused.db", deployment.cassandra,
+                                          deployment.kafka, deployment.zookeeper)
+        yield settings, ["--backend", "cassandra"], deployment.env()
+    finally:
+        remove()
+
+
+def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskStore, fleet: Fleet,
+           gateway: Gateway, console: Console) -> dict[str, Any]:
+    story = options.story
+    stage = Stage(began_ms=now_ms())
+    with Board(console) as board:
+        for n in (1, 2):
+            fleet.dispatcher(f"dispatcher-{n}", LEASE_TIMEOUT_S)
+        split = _wait_for_shards(fleet, fleet.of_kind("dispatcher"), store.shard_count)
+        stage.note(f"dispatcher-1 and dispatcher-2 share the {store.shard_count} shards ({split})")
+        for n in range(1, options.workers + 1):
+            fleet.worker(f"worker-{n}", APP, options.concurrency, SESSION_TIMEOUT_S)
+        _wait(lambda: all(w.stats() for w in fleet.of_kind("worker")), fleet, "the workers to start")
+        stage.note(f"{options.workers} workers joined, {options.concurrency} handler threads each")
+
+        results_at_ms = (now_ms() + int(options.lead_s * 1000)) // 1000 * 1000 + 1000
+        reminders_at_ms = results_at_ms + int(story.reminder_delay_s * 1000)
+        planned = _submit(settings, store, story, results_at_ms)
+        ids = [task.task_id for task in planned]
+        stage.note(f"state-board submitted {story.board_tasks} tasks ({story.results:,} SMS) due at "
+                   f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s; city-college booked {story.reminders} "
+                   f"reminders for t+{(reminders_at_ms - stage.began_ms) / 1000:.0f}s")
+        kill_dispatcher_ms = results_at_ms + int(story.reminder_delay_s * 500)
+        deadline_ms = reminders_at_ms + int(FINISH_GRACE_S * 1000)
+        batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
+        rows: dict[TaskId, StoredTask] = {}
+        while now_ms() < deadline_ms:
+            dead = fleet.died()
+            if dead is not None:
+                raise DemoFailure(f"{dead.name} exited with status {dead.process.returncode}:\n{dead.log_tail()}")
+            rows = store.get_many(ids)
+            if not stage.worker_killed and now_ms() >= results_at_ms:
+                _kill_a_worker_mid_batch(fleet, gateway, batch_sizes, stage)
+            if stage.dispatcher_killed is None and now_ms() >= kill_dispatcher_ms:
+                victim = fleet.of_kind("dispatcher")[0]
+                held = len(victim.shards())
+                victim.kill(now_ms())
+                stage.dispatcher_killed = victim
+                stage.note(f"{victim.name} killed (kill -9) holding {held} shards, the reminders of them loaded")
+            if stage.dispatcher_killed is not None and not stage.reowned:
+                _note_takeover(fleet, stage.dispatcher_killed, store.shard_count, stage)
+            totals = gateway.totals()
+            board.show(Frame(
+                at_s=(now_ms() - stage.began_ms) / 1000, counts=status_counts(planned, rows, now_ms()),
+                sms_sent=totals.sent, sms_expected=story.expected_sms(), absorbed=totals.absorbed,
+                processes=[(m.name, _state(m)) for m in fleet.members], events=stage.events))
+            if stage.reowned and len(rows) == len(ids) and all(row.status.finished for row in rows.values()):
+                stage.note("every task has ended")
+                break
+            time.sleep(TICK_S)
+        else:
+            stage.note("the demo stopped waiting: not every task ended in time")
+    with wiring.open_dead_letters(settings) as (scanner, _):
+        from scheduler.worker.dead_letters import waiting
+
+        letters, _replayed, _unreadable = waiting(scanner.scan(settings.kafka.dead_letter_topic))
+    codes = fleet.stop()
+    stage.note("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()
+                                       if name != (stage.dispatcher_killed.name if stage.dispatcher_killed else "")))
+    rows = store.get_many(ids)
+    totals = gateway.totals()
+    return summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
+                     (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
+
+
+def _submit(settings: wiring.BackendSettings, store: TaskStore, story: Story, results_at_ms: int) -> list[Planned]:
+    items = story.plan(results_at_ms)
+    with wiring.open_handoff(settings, store.shard_count) as handoff:
+        report = Client(store, handoff=handoff).submit_many(items, keep_ids=True)
+    if not report.complete or report.stored != len(items) or report.ids is None:
+        errors = report.rejected or report.failed
+        raise DemoFailure(f"stored {report.stored} of {len(items)} tasks"
+                          + (f": {errors[0].reason}" if errors else ""))
+    planned = []
+    for n, (item, task_id) in enumerate(zip(items, report.ids, strict=True)):
+        assert task_id is not None and item.run_at is not None and item.tenant is not None
+        doomed = n == len(items) - 1
+        if item.type == RESULT_TYPE:
+            keys = tuple(f"{task_id}:sms:{m['to']}" for m in item.payload["messages"])
+        else:
+            keys = () if doomed else (f"{task_id}:sms",)
+        planned.append(Planned(task_id, item.tenant, item.type, task_id.run_at_ms, keys, doomed))
+    return planned
+
+
+def _kill_a_worker_mid_batch(fleet: Fleet, gateway: Gateway, batch_sizes: dict[str, int], stage: Stage) -> None:
+    """Kill the worker running a batch that is partly sent, if one is; once every batch
+    has gone out, give up and say so."""
+    sent = gateway.sent_per_task()
+    workers = {m.process.pid: m for m in fleet.of_kind("worker") if m.alive()}
+    if len(workers) < 2:
+        return
+    for start in reversed(gateway.starts()):
+        size = batch_sizes.get(start.task)
+        if size and 0 < sent.get(start.task, 0) < size and start.pid in workers:
+            victim = workers[start.pid]
+            victim.kill(now_ms())
+            stage.worker_killed = True
+            stage.note(f"{victim.name} killed (kill -9) in the middle of a batch ({sent[start.task]} of {size} "
+                       "SMS sent); its uncommitted batches go to the other workers")
+            return
+    if all(sent.get(task, 0) >= size for task, size in batch_sizes.items()):
+        stage.worker_killed = True
+        stage.note("every result batch went out before a worker could be caught mid-batch; no worker killed")
+
+
+def _note_takeover(fleet: Fleet, killed: Member, shard_count: int, stage: Stage) -> None:
+    held: set[int] = set()
+    for member in fleet.of_kind("dispatcher"):
+        if member is not killed:
+            held.update(member.shards())
+    if len(held) == shard_count:
+        assert killed.killed_at_ms is not None
+        seconds = (now_ms() - killed.killed_at_ms) / 1000
+        stage.reowned = True
+        stage.note(f"the other dispatcher holds all {shard_count} shards, {seconds:.1f} s after the kill "
+                   f"(lease timeout {LEASE_TIMEOUT_S:.0f} s)", reowned_after_s=round(seconds, 1))
+
+
+def _wait_for_shards(fleet: Fleet, dispatchers: list[Member], shard_count: int) -> str:
+    def shared() -> str | None:
+        held = [set(member.shards()) for member in dispatchers]
+        union: set[int] = set().union(*held)
+        if all(held) and sum(map(len, held)) == len(union) == shard_count:
+            return " + ".join(str(len(shards)) for shards in held)
+        return None
+
+    return str(_wait(shared, fleet, "the dispatchers to share the shards"))
+
+
+def _wait(condition: Callable[[], Any], fleet: Fleet, what: str) -> Any:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        dead = fleet.died()
+        if dead is not None:
+            raise DemoFailure(f"{dead.name} exited with status {dead.process.returncode} while waiting for {what}:"
+                              f"\n{dead.log_tail()}")
+        value = condition()
+        if value:
+            return value
+        time.sleep(TICK_S)
+    raise DemoFailure(f"timed out after {START_TIMEOUT_S:.0f} s waiting for {what}")
+
+
+def _state(member: Member) -> str:
+    if member.killed_at_ms is not None:
+        return "killed"
+    if not member.alive():
+        return f"exited {member.process.returncode}"
+    if member.kind == "dispatcher":
+        return f"{len(member.shards())} shards"
+    return "running"
