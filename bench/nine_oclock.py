@@ -1,5 +1,6 @@
 """Nine o'clock bench: a burst of tasks due in the first seconds of one minute, fired by
-real dispatcher processes on the real Cassandra, Kafka and ZooKeeper.
+real dispatcher processes on the real Cassandra, Kafka and ZooKeeper (or, with
+`--backend embedded`, on the embedded backend's SQLite files).
 
 What it measures
 ----------------
@@ -32,13 +33,29 @@ each drains and writes its handler starts), and reports handler-start lateness (
 start - run_at: p50 ... max, share over 1 s) and tasks handled, lost (submitted - handled)
 and repeated, next to the fire figures, which are kept as they are.
 
+Scenarios (`--scenario`): `burst` (the default) is the above. `failover` kills the first
+of `--dispatchers` (default 2) with SIGKILL at M + `--event-at-s` (default half the
+spread); `pause` stops it with SIGSTOP there and continues it (SIGCONT) `--pause-s`
+later (default the lease timeout + 5 s). Both default to a longer, lighter burst
+(150,000 tasks over 30 s) and report the event, the time until the others' stats files
+hold every shard again, the first message under a new owner's lease token, and
+messages published under a stale token. The killed dispatcher's -9 is not a failure,
+and repeats after a takeover are reported, not failed on.
+
+`--backend embedded` runs the same on the SQLite store, log and coordinator in the work
+directory: no Kafka, so the ceiling is the SQLite queue's insert rate, and the ready
+topics are read from `queue.db` on a thread (`TopicScanner`, with the time the queue
+stored each message).
+
 Figures: fire rate = tasks published / (last first-publish - M), and the most first
 publishes within any one second; lateness = first publish - run_at of every task
 (p50, p90, p99, p99.9, max, share over 1 s, early = before run_at); lost (never
 published) and duplicated (published more than once) tasks; memory per loaded task =
 (wheel bytes, and RSS) growth from baseline to loaded over the tasks loaded, also less
 the mean payload size; CPU seconds of each process in the load and burst windows. Each
-is checked against its target and the misses are listed.
+is checked against its target and the misses are listed. `--plot` (default: `--out`
+with `.png`) draws lateness by due second and the fire rate per second, the event
+marked. On a terminal, a progress bar on stderr follows each phase.
 
 How to run
 ----------
@@ -47,6 +64,8 @@ How to run
     .venv/bin/python bench/nine_oclock.py --dispatchers 2 --out /tmp/nine-2.json
     .venv/bin/python bench/nine_oclock.py --tasks 2000 --spread-s 2 --lead-s 10   # a quick check
     .venv/bin/python bench/nine_oclock.py --workers 2 --worker-concurrency 64 --out /tmp/nine-w.json
+    .venv/bin/python bench/nine_oclock.py --scenario failover --out /tmp/nine-failover.json
+    .venv/bin/python bench/nine_oclock.py --scenario pause --backend embedded --out /tmp/nine-pause-e.json
 
 The servers are found as the scheduler finds them (`SCHEDULER_CASSANDRA_HOSTS`,
 `SCHEDULER_CASSANDRA_PORT`, `SCHEDULER_KAFKA_BOOTSTRAP`, `SCHEDULER_ZOOKEEPER_HOSTS`;
@@ -61,15 +80,20 @@ Where the parts are
 -------------------
 This file is the command line and the exit status; the rest is in `bench/nine/`:
 
-    settings.py    the fixed settings, the targets, the reference ceilings, `Options`
+    settings.py    the fixed settings, the targets, the reference ceilings, the scenarios, `Options`
     common.py      `BenchFailure`, the millisecond clock, progress lines on stderr
+    progress.py    the progress bar on stderr (a terminal only)
     workload.py    the burst's tasks (`Burst`) and their ingest through the SDK
+    backends.py    the two backends: deployment, ceiling, ingest and reader of each
     deployment.py  the keyspace, topics and ZooKeeper root; the dispatcher processes
+    disruption.py  the kill or pause of a failover or pause run, and the re-owning of shards
+    takeover.py    what the messages' lease tokens say about the takeover
     workers.py     the worker processes (`--workers`) and the handler starts they record
     ceiling.py     the raw Kafka ceiling (and the worker bench's ceilings)
     reader.py      reading back the ready topics, on a thread or in a process
     proc.py        CPU and memory of processes, from /proc
     report.py      the figures (percentiles, fire rate, handling, memory, targets), table and JSON
+    plot.py        the PNG
     run.py         one run, phase by phase
 """
 
@@ -98,14 +122,19 @@ if ROOT not in sys.path:
     sys.path.append(ROOT)
 
 from bench.nine.common import BenchFailure, echo
+from bench.nine.plot import plot
+from bench.nine.progress import Phases
 from bench.nine.report import emit
 from bench.nine.run import run
 from bench.nine.settings import (
     BOARD_SHARE,
     LEASE_TIMEOUT_S,
+    PAUSE_DEFAULT_S,
     READ_AHEAD_S,
     READY_PARTITIONS,
     REFERENCE_CEILINGS,
+    SCENARIO_DEFAULTS,
+    SCENARIOS,
     SHARDS,
     WORKER_CONCURRENCY,
     Options,
@@ -120,11 +149,28 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
         epilog="Servers: SCHEDULER_CASSANDRA_HOSTS, SCHEDULER_CASSANDRA_PORT, SCHEDULER_KAFKA_BOOTSTRAP, "
                "SCHEDULER_ZOOKEEPER_HOSTS (default: the local cluster). Exit status: 0 ran (see 'missed'), "
                "1 lost or early tasks or a failed dispatcher, 2 a server unreachable, 130 interrupted.")
-    parser.add_argument("--tasks", type=int, default=300_000, help="tasks in the burst (default 300,000)")
-    parser.add_argument("--spread-s", type=int, default=10,
+    parser.add_argument("--scenario", choices=SCENARIOS, default="burst",
+                        help="burst: the dispatchers alone (default); failover: the first dispatcher is killed "
+                             "(SIGKILL) mid-burst and the others take its shards once its lease expires; pause: it "
+                             "is stopped (SIGSTOP) mid-burst for --pause-s, then continued (SIGCONT)")
+    parser.add_argument("--backend", choices=("cassandra", "embedded"), default="cassandra",
+                        help="cassandra: Cassandra, Kafka and ZooKeeper (default); embedded: the embedded "
+                             "single-machine backend, SQLite files in the work directory (no Kafka: the ceiling "
+                             "is the SQLite queue's, and the queue is read on a thread)")
+    parser.add_argument("--tasks", type=int,
+                        help="tasks in the burst (default " + defaults("tasks", "{:,}") + ")")
+    parser.add_argument("--spread-s", type=int,
                         help="tasks fall due evenly over the first S seconds of the minute, N/S a second "
-                             "(1-60, default 10)")
-    parser.add_argument("--dispatchers", type=int, default=1, help="dispatcher processes (1-64, default 1)")
+                             "(1-60, default " + defaults("spread_s", "{}") + ")")
+    parser.add_argument("--dispatchers", type=int,
+                        help="dispatcher processes (1-64; failover and pause need 2 or more; default "
+                             + defaults("dispatchers", "{}") + ")")
+    parser.add_argument("--event-at-s", type=float,
+                        help="failover and pause: when the dispatcher is killed or stopped, in seconds after M "
+                             "(0 to --spread-s; default --spread-s / 2)")
+    parser.add_argument("--pause-s", type=float, default=PAUSE_DEFAULT_S,
+                        help=f"pause: how long the dispatcher stays stopped (default {PAUSE_DEFAULT_S}: the "
+                             f"lease timeout {LEASE_TIMEOUT_S} s + 5)")
     parser.add_argument("--payload-bytes", type=int, default=100,
                         help="encoded payload size, about (default 100)")
     parser.add_argument("--tenants", type=int, default=5000,
@@ -136,10 +182,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "baseline may hold tasks already and the memory figures mean little: for quick checks")
     parser.add_argument("--reader", choices=("process", "thread"), default="process",
                         help="read the ready topics in a process of its own or on a thread of the bench "
-                             "(default process)")
+                             "(default process; --backend embedded: always a thread)")
     parser.add_argument("--ceiling-messages", type=int, default=200_000,
                         help="messages of the Kafka ceiling run (default 200,000)")
     parser.add_argument("--out", type=Path, help="write the JSON document to this file")
+    parser.add_argument("--plot", type=Path, metavar="F.png",
+                        help="draw lateness and fire rate over the burst into this PNG (default: --out with the "
+                             "suffix .png; neither: no plot)")
     parser.add_argument("--json", action="store_true", help="print the JSON document on stdout (table on stderr)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the keyspace, topics, ZooKeeper root and the work directory")
@@ -160,15 +209,38 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "minute boundary (quick checks: no wait for the next minute; the burst may straddle "
                              "two minutes)")
     args = parser.parse_args(argv)
+    for name, value in SCENARIO_DEFAULTS[args.scenario].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.event_at_s is None:
+        args.event_at_s = args.spread_s / 2
     if args.tasks < 1 or not 1 <= args.spread_s <= 60 or not 1 <= args.dispatchers <= SHARDS:
         parser.error("--tasks must be positive, --spread-s 1 to 60, --dispatchers 1 to 64")
     if args.payload_bytes < 0 or args.tenants < 1 or args.lead_s < 5 or args.ceiling_messages < 100:
         parser.error("--payload-bytes >= 0, --tenants >= 1, --lead-s >= 5, --ceiling-messages >= 100")
     if not 0 <= args.workers <= 16 or not 1 <= args.worker_concurrency <= 1024:
         parser.error("--workers 0 to 16, --worker-concurrency 1 to 1024")
+    if args.scenario != "burst":
+        if args.dispatchers < 2:
+            parser.error(f"--scenario {args.scenario} needs --dispatchers 2 or more: one to lose, one to take over")
+        if not 0 <= args.event_at_s <= args.spread_s or args.pause_s <= 0:
+            parser.error("--event-at-s 0 to --spread-s, --pause-s above 0")
+    if args.backend == "embedded":
+        args.reader = "thread"  # the SQLite queue is followed on a thread; --reader is for Kafka
+    if args.plot is None and args.out is not None:
+        args.plot = args.out.with_suffix(".png")
     return args, Options(args.tasks, args.spread_s, args.dispatchers, args.payload_bytes, args.tenants,
                          args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy,
-                         args.workers, args.worker_concurrency, args.align)
+                         args.workers, args.worker_concurrency, args.align, args.scenario,
+                         args.event_at_s if args.scenario != "burst" else None, args.pause_s, args.backend)
+
+
+def defaults(name: str, form: str) -> str:
+    """A flag's default in each scenario, for --help: "300,000 (burst), 150,000 (failover, pause)"."""
+    by_value: dict[int, list[str]] = {}
+    for scenario, values in SCENARIO_DEFAULTS.items():
+        by_value.setdefault(values[name], []).append(scenario)
+    return ", ".join(f"{form.format(value)} ({', '.join(names)})" for value, names in by_value.items())
 
 
 def interrupted(*_: Any) -> None:
@@ -180,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, options = parse_args(argv)
     signal.signal(signal.SIGTERM, interrupted)  # so SIGTERM, too, stops the dispatchers and cleans up
     document: dict[str, Any] = {
+        "scenario": options.scenario,
         "command": [sys.executable, sys.argv[0], *argv],
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(),
@@ -192,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cleanup: list[Callable[[], None]] = []
     code = 0
     try:
-        run(options, cleanup, document)
+        with Phases() as phases:
+            run(options, cleanup, document, phases)
     except (StoreUnavailable, QueueUnavailable, CoordinatorUnavailable) as exc:
         echo(f"error: {exc}")
         code = 2
@@ -216,6 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             echo(f"dispatcher logs and stats kept in {work_dir}")
     if "targets" not in document:
         return code
+    if args.plot is not None:
+        try:
+            document["plot"] = str(plot(document, args.plot))
+        except (OSError, ValueError, KeyError) as exc:
+            echo(f"warning: could not draw {args.plot}: {exc}")
+            document["plot"] = None
     emit(document, args.out, args.json)
     return code
 

@@ -251,8 +251,11 @@ class DispatcherProcess(BenchProcess):
 class Fleet:
     """The dispatcher processes of one run, each with its own log and stats file."""
 
-    def __init__(self, deployment: Deployment, directory: Path) -> None:
-        self.env = {**os.environ, **deployment.env()}
+    def __init__(self, env: dict[str, str], backend: Sequence[str], directory: Path) -> None:
+        """`env`: the variables that name the deployment; `backend`: the arguments that
+        pick the backend (`--backend cassandra`, or `--backend embedded --db PATH`)."""
+        self.env = {**os.environ, **env}
+        self.backend = list(backend)
         self.directory = directory
         self.members: list[DispatcherProcess] = []
 
@@ -260,7 +263,7 @@ class Fleet:
         for n in range(1, count + 1):
             name = f"dispatcher-{n}"
             self.members.append(DispatcherProcess.start(
-                name, ["dispatcher", "--backend", "cassandra", "--shards", "auto", "--member", name,
+                name, ["dispatcher", *self.backend, "--shards", "auto", "--member", name,
                        "--lease-timeout", str(LEASE_TIMEOUT_S)], self.directory, self.env))
 
     def check_alive(self) -> None:

@@ -220,19 +220,20 @@ def table(doc: dict[str, Any]) -> list[str]:
         return f"{value:,}{unit}" if isinstance(value, int) else f"{value:,.1f}{unit}"
 
     lines = [
-        f"nine o'clock: {settings['tasks']:,} tasks due over {settings['spread_s']} s "
+        f"nine o'clock ({doc.get('scenario', 'burst')}"
+        + ("" if settings.get("backend", "cassandra") == "cassandra" else f", {settings['backend']} backend")
+        + f"): {settings['tasks']:,} tasks due over {settings['spread_s']} s "
         f"({doc['burst']['due_per_s']:,}/s) at {doc['burst']['minute']}, {settings['dispatchers']} dispatcher(s), "
         f"reader in a {settings['reader']}",
         f"  ingest (SDK)            {number(doc['ingest']['rows_per_s'])} rows/s",
-        f"  kafka ceiling           {number(doc['kafka_ceiling']['msgs_per_s'])} msgs/s, median of "
-        f"{', '.join(f'{rate / 1000:.0f}k' for rate in doc['kafka_ceiling']['runs'])} "
-        f"({doc['kafka_ceiling']['message_bytes_mean']} B messages); LOCAL-CLUSTER.md: "
-        f"{REFERENCE_CEILINGS['kafka_produce_msgs_per_s']}",
+        ceiling_line(doc["ceiling"], number),
         f"  load of minute M        {number(doc['load']['seconds'], ' s')} "
-        f"({'complete' if doc['load']['complete_before_minute'] else 'INCOMPLETE'} before M); "
-        f"LOCAL-CLUSTER.md read ceiling {REFERENCE_CEILINGS['cassandra_partition_read_rows_per_s']}",
+        f"({'complete' if doc['load']['complete_before_minute'] else 'INCOMPLETE'} before M)"
+        + (f"; LOCAL-CLUSTER.md read ceiling {REFERENCE_CEILINGS['cassandra_partition_read_rows_per_s']}"
+           if doc["ceiling"]["kind"] == "kafka_produce" else ""),
         f"  fire rate               {number(fire.get('tasks_per_s'))} tasks/s (peak {number(fire.get('peak_1s'))} "
-        f"in 1 s; {(fire.get('vs_kafka_ceiling') or 0) * 100:.0f}% of the Kafka ceiling)",
+        f"in 1 s; {(fire.get('vs_ceiling') or 0) * 100:.0f}% of the "
+        f"{'Kafka' if doc['ceiling']['kind'] == 'kafka_produce' else 'SQLite queue'} ceiling)",
         f"  last publish            {number(fire.get('last_publish_after_minute_ms'), ' ms')} after M",
         f"  lateness                p50 {number(late['p50'])}  p90 {number(late['p90'])}  p99 {number(late['p99'])}  "
         f"p99.9 {number(late['p99_9'])}  max {number(late['max'])} ms; over 1 s {number(late['over_1s'])} "
@@ -267,6 +268,8 @@ def table(doc: dict[str, Any]) -> list[str]:
         handling_cpu = doc.get("cpu_handling", {}).get("cores", {})
         if handling_cpu:
             lines.append("  cores until handled     " + ", ".join(f"{k} {v}" for k, v in handling_cpu.items()))
+    if doc.get("event"):
+        lines += event_lines(doc["event"], doc.get("takeover") or {}, number)
     burst_cpu = doc.get("cpu_burst", {}).get("cores", {})
     if burst_cpu:
         lines.append("  cores used in the burst " + ", ".join(f"{k} {v}" for k, v in burst_cpu.items()))
@@ -282,6 +285,38 @@ def table(doc: dict[str, Any]) -> list[str]:
     for failure in doc["failures"]:
         lines.append(f"  FAILED: {failure}")
     return lines
+
+
+def ceiling_line(ceiling: dict[str, Any], number: Any) -> str:
+    runs = ", ".join(f"{rate / 1000:.0f}k" for rate in ceiling["runs"])
+    if ceiling["kind"] == "kafka_produce":
+        return (f"  kafka ceiling           {number(ceiling['msgs_per_s'])} msgs/s, median of {runs} "
+                f"({ceiling['message_bytes_mean']} B messages); LOCAL-CLUSTER.md: "
+                f"{REFERENCE_CEILINGS['kafka_produce_msgs_per_s']}")
+    return (f"  sqlite queue ceiling    {number(ceiling['msgs_per_s'])} msgs/s, median of {runs} "
+            f"({ceiling['message_bytes_mean']} B messages; no Kafka on the embedded backend: {ceiling['how']})")
+
+
+def event_lines(event: dict[str, Any], takeover: dict[str, Any], number: Any) -> list[str]:
+    """The table's lines for a failover or pause: the event, the re-owning, stale tokens."""
+    if event.get("at_ms") is None:
+        return [f"  event                   {event['kind']} of {event['dispatcher']}: did not happen"]
+    what = "killed (SIGKILL)" if event["kind"] == "kill" else (
+        f"paused (SIGSTOP) for {number(event['duration_ms'], ' ms')}")
+    late = takeover.get("lateness_ms_of_victim_shards_due_after_event", {})
+    return [
+        f"  event                   {event['dispatcher']} {what} {number(event['at_ms'], ' ms')} after M, "
+        f"holding {len(event['shards'])} shards",
+        f"  re-own                  every shard held again {number(event['reown_s'], ' s')} after the event "
+        f"(stats files, +-{event['reown_resolution_ms']} ms; lease timeout {event['lease_timeout_s']} s); first "
+        f"publish under a new token {number(takeover.get('first_new_owner_publish_after_event_ms'), ' ms')}, "
+        f"last shard's {number(takeover.get('last_shard_first_publish_after_event_ms'), ' ms')} after it",
+        f"  its shards, due after   {number(late.get('tasks'))} tasks: lateness p50 {number(late.get('p50'))}  p99 "
+        f"{number(late.get('p99'))}  max {number(late.get('max'))} ms",
+        f"  stale tokens            {number(takeover.get('stale_token_messages'))} messages under the old token "
+        f"after its lease expired, {number(takeover.get('after_new_owner_first'))} after a newer token's first "
+        f"on the shard; old owner after the event {number(takeover.get('old_owner_messages_after_event'))}",
+    ]
 
 
 def emit(document: dict[str, Any], out: Path | None, as_json: bool) -> None:

@@ -1,4 +1,6 @@
-"""One run of the bench, phase by phase: deploy, measure the Kafka ceiling, ingest the
+"""One run of the bench, phase by phase: deploy (on the servers or the embedded
+backend's files, `backends.py`), measure the raw ceiling (Kafka's, or the SQLite
+queue's), ingest the
 burst, start the dispatchers (and with `--workers` the workers) and sample them at
 baseline, follow the load of minute M, follow the burst (and the workers until they
 have handled every task and stored every status), then work out the figures. It fills
@@ -6,7 +8,13 @@ the JSON document as it goes and registers each removal in `cleanup`, which the 
 runs whatever happens; the dispatchers, the workers and the reader are stopped on every
 way out. A write that fails, a dispatcher that dies, or an ingest that ends too close
 to M raises; lost or early tasks, tasks no worker handled, and failed dispatchers or
-workers are listed in the document's `failures`."""
+workers are listed in the document's `failures`.
+
+In a failover or pause scenario, the first dispatcher is killed or paused at the set
+moment of the burst (`disruption.py`), the run goes on until the others hold every
+shard again (and a pause is over), and the messages are set against the lease tokens
+(`takeover.py`). The killed dispatcher's SIGKILL is not a failure; repeats after the
+takeover are reported, not failed on."""
 
 from __future__ import annotations
 
@@ -20,14 +28,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from scheduler.adapters.cassandra.connection import connect
 from scheduler.model import BUCKET_MS
 
-from .ceiling import kafka_ceiling
-from .common import BenchFailure, clock, echo, now_ms, sleep_until
-from .deployment import Deployment, Fleet, Profiler
+from .backends import Backend, EmbeddedBackend, ServerBackend
+from .common import BenchFailure, clock, echo, now_ms
+from .deployment import Fleet, Profiler
+from .disruption import Disruption
 from .proc import cpu_snapshot, cpu_window, server_pids
-from .reader import Reader
+from .progress import Phases
 from .report import analyse, handling_figures, judge, memory_figures, relative
 from .settings import (
     AFTER_BURST_S,
@@ -39,32 +47,51 @@ from .settings import (
     WORKER_RATE_FLOOR,
     Options,
 )
+from .takeover import takeover_figures
 from .workers import WorkerFleet, all_settled
-from .workload import Burst, ingest, text_length_for
+from .workload import Burst, text_length_for
 
 
-def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str, Any]) -> dict[str, Any]:
-    deployment = Deployment.fresh()
-    document["deployment"] = {"keyspace": deployment.cassandra.keyspace,
-                              "topic_prefix": deployment.kafka.topic_prefix,
-                              "zookeeper_root": deployment.zookeeper.root, "kept": options.keep}
-    servers = server_pids()
-    connection = connect(deployment.cassandra)
-    cleanup.append(connection.close)
-    deployment.create(connection, cleanup, options.keep)
-    work_dir = options.work_dir or Path(tempfile.mkdtemp(prefix="nine-oclock-"))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    document["work_dir"] = str(work_dir)
-    echo(f"deployment: keyspace {deployment.cassandra.keyspace}, topics {deployment.kafka.topic_prefix}.*, "
-         f"ZooKeeper {deployment.zookeeper.root}, logs in {work_dir}")
+def wait_for_minute(until_ms: int, minute_ms: int, phases: Phases) -> None:
+    """Sleep until `until_ms`, counting down to M on the progress bar."""
+    total_s = max(1.0, (minute_ms - now_ms()) / 1000)
+    while (left := until_ms - now_ms()) > 0:
+        phases.countdown("waiting for M", (minute_ms - now_ms()) / 1000, total_s)
+        time.sleep(min(left / 1000, 0.5))
+
+
+def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str, Any],
+        phases: Phases | None = None) -> dict[str, Any]:
+    phases = phases or Phases(enabled=False)
+
+    def make_work_dir() -> Path:
+        path = options.work_dir or Path(tempfile.mkdtemp(prefix="nine-oclock-"))
+        path.mkdir(parents=True, exist_ok=True)
+        document["work_dir"] = str(path)
+        return path
+
+    backend: Backend
+    if options.backend == "embedded":  # its files live in the work directory
+        work_dir = make_work_dir()
+        backend = EmbeddedBackend(work_dir / "embedded")
+        servers: dict[str, int] = {}
+    else:  # the servers first: one that cannot be reached leaves no work directory behind
+        backend = ServerBackend()
+        servers = server_pids()
+    document["deployment"] = {**backend.describe(), "kept": options.keep}
+    backend.create(cleanup, options.keep)
+    if options.backend != "embedded":
+        work_dir = make_work_dir()
+    echo(f"deployment: {backend.summary()}, logs in {work_dir}")
 
     text_len = text_length_for(options.payload_bytes)
     like = Burst(now_ms(), options.tasks, options.spread_s * 1000, text_len, options.tenants)
-    echo(f"kafka ceiling: producing {options.ceiling_messages:,} messages ...")
-    document["kafka_ceiling"] = kafka_ceiling(deployment.kafka, deployment.ceiling_topic,
-                                              like.messages(options.ceiling_messages, seed=7))
-    echo(f"kafka ceiling: {document['kafka_ceiling']['msgs_per_s']:,} msgs/s "
-         f"({document['kafka_ceiling']['message_bytes_mean']} B messages)")
+    label = "kafka ceiling" if backend.name == "cassandra" else "sqlite queue ceiling"
+    echo(f"{label}: producing {options.ceiling_messages:,} messages ...")
+    ceiling = backend.ceiling(like.messages(options.ceiling_messages, seed=7))
+    document["ceiling"] = ceiling
+    document["kafka_ceiling"] = ceiling if ceiling["kind"] == "kafka_produce" else None
+    echo(f"{label}: {ceiling['msgs_per_s']:,} msgs/s ({ceiling['message_bytes_mean']} B messages)")
 
     estimate_s = options.tasks / ASSUMED_INGEST_ROWS_PER_S + 2
     align_ms = BUCKET_MS if options.align else 1000
@@ -74,7 +101,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
                          "minute_ms": minute_ms, "due_per_s": round(options.tasks / options.spread_s)}
     echo(f"burst minute M = {clock(minute_ms)} UTC; ingesting {options.tasks:,} tasks ...")
     items = burst.submissions(seed=1)
-    document["ingest"], expected = ingest(deployment.cassandra, items)
+    document["ingest"], expected = backend.ingest(items, lambda stored: phases.update("ingest", stored, options.tasks))
     del items
     ingested_ms = now_ms()
     document["ingest"]["done_before_minute_s"] = round((minute_ms - ingested_ms) / 1000, 1)
@@ -82,22 +109,26 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     if ingested_ms >= minute_ms - 1000:
         raise BenchFailure("ingest ended less than a second before the burst minute: raise --lead-s")
 
-    fleet = Fleet(deployment, work_dir)
-    workers = (WorkerFleet({**os.environ, **deployment.env()}, work_dir, ["--backend", "cassandra"])
+    fleet = Fleet(backend.env(), backend.arguments(), work_dir)
+    workers = (WorkerFleet({**os.environ, **backend.env()}, work_dir, backend.arguments())
                if options.workers else None)
     profilers = [Profiler(options.py_spy, fleet)] + ([Profiler(options.py_spy, workers)] if workers else [])
-    reader = Reader(options.reader, deployment.kafka.bootstrap, deployment.ready_topics)
+    reader = backend.reader(options.reader)
     completed = False
     handled_ms: int | None = None
+    disruption: Disruption | None = None
     try:
         fleet.start(options.dispatchers)
+        if options.scenario != "burst":
+            event_at_ms = minute_ms + round((options.event_at_s or 0) * 1000)
+            disruption = Disruption.plan(options.scenario, fleet.members, event_at_ms, options.pause_s)
         if workers is not None:
             workers.start(options.workers, options.worker_concurrency)
         started_ms = now_ms()
         settle_s = fleet.wait_for_shards(SETTLE_TIMEOUT_S)
         echo(f"dispatchers: {options.dispatchers} hold the {SHARDS} shards after {settle_s:.1f} s")
         load_ms = minute_ms - READ_AHEAD_S * 1000
-        sleep_until(load_ms - 2000)
+        wait_for_minute(load_ms - 2000, minute_ms, phases)
         pids = {**servers, **{m.name: m.process.pid for m in fleet.members}, "reader": reader.pid or 0}
         if workers is not None:
             workers.check_alive()
@@ -124,6 +155,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
                 loaded_ms, cpu_loaded = now_ms(), cpu_snapshot(pids)
                 echo(f"loaded: all {options.tasks:,} tasks in the wheels "
                      f"{(loaded_ms - max(load_ms, started_ms)) / 1000:.1f} s after the read began")
+            phases.countdown("waiting for M", (minute_ms - now_ms()) / 1000, READ_AHEAD_S)
             time.sleep(0.25)
         loaded = fleet.sample("loaded")
         for profiler in profilers:
@@ -140,7 +172,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         echo(f"before M: RSS {loaded['rss_bytes'] / 2**20:.1f} MiB, {loaded['waiting']:,} waiting, "
              f"wheels {loaded['wheel_bytes'] / 2**20:.1f} MiB")
 
-        sleep_until(minute_ms - 500)
+        wait_for_minute(minute_ms - 500, minute_ms, phases)
         for profiler in profilers:
             profiler.start("burst")
         cpu_burst = cpu_snapshot(pids)
@@ -151,15 +183,20 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         all_seen_ms = None
         cpu_burst_end = cpu_handled = None
         while now_ms() < limit_ms:
+            if disruption is not None:
+                disruption.step(now_ms())
+            phases.update("burst", reader.seen, options.tasks)
             if all_seen_ms is None and reader.seen < options.tasks and now_ms() >= deadline_ms:
                 break
             if all_seen_ms is None and reader.seen >= options.tasks:
                 all_seen_ms, cpu_burst_end = now_ms(), cpu_snapshot(pids)
             if workers is not None and handled_ms is None:
                 workers.poll()
+                phases.update("handled by workers", workers.totals()["done"], options.tasks)
                 if all_settled(workers.totals(), options.tasks):
                     handled_ms, cpu_handled = now_ms(), cpu_snapshot(pids)
-            if all_seen_ms is not None and (workers is None or handled_ms is not None):
+            if (all_seen_ms is not None and (workers is None or handled_ms is not None)
+                    and (disruption is None or disruption.done)):
                 break
             if all_seen_ms is None and not any(member.alive() for member in fleet.members):
                 break
@@ -193,8 +230,11 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
                                                   (handling_end_ms - minute_ms + 500) / 1000)
         completed = True
     finally:
+        phases.stop()
         for profiler in profilers:
             profiler.stop()
+        if disruption is not None:
+            disruption.release()
         codes = fleet.stop()
         if workers is not None:
             workers.stop()
@@ -222,9 +262,15 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         document["py_spy"] = py_spy
     document["reader"] = {"mode": options.reader, "messages": len(records), "cpu_s": round(reader_cpu, 2)}
     result = analyse(records, expected, burst)
+    result["event"] = result["takeover"] = None  # a plain burst: no event
+    if disruption is not None:
+        result["event"] = disruption.figures(minute_ms)
+        result["takeover"] = takeover_figures(records, expected, result["event"], minute_ms)
     fire = result["fire"]
-    if fire.get("tasks_per_s"):
-        fire["vs_kafka_ceiling"] = round(fire["tasks_per_s"] / document["kafka_ceiling"]["msgs_per_s"], 3)
+    if fire.get("tasks_per_s") and ceiling.get("msgs_per_s"):
+        fire["vs_ceiling"] = round(fire["tasks_per_s"] / ceiling["msgs_per_s"], 3)
+        if document["kafka_ceiling"] is not None:
+            fire["vs_kafka_ceiling"] = fire["vs_ceiling"]
     result["memory"] = memory_figures(fleet, burst.mean_payload_bytes(), baseline_clean)
     if workers is not None:
         settled = workers.settled_between(options.tasks)  # when the stats files showed it, not when polled
@@ -232,8 +278,11 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     document.update(result)
     document["targets"] = judge(result)
     document["missed"] = [check["figure"] for check in document["targets"] if check["met"] is False]
+    killed = disruption.victim if disruption is not None and disruption.kind == "kill" else None
     failures = [f"{m.name} exited with status {code}" for m, code in zip(fleet.members, codes, strict=True)
-                if code not in (0, -signal.SIGTERM)]
+                if code not in (0, -signal.SIGTERM) and not (m is killed and code == -signal.SIGKILL)]
+    if disruption is not None and disruption.fired_ms is None:
+        failures.append(f"the {disruption.kind} of {disruption.victim.name} never happened (the burst ended first)")
     if result["delivery"]["lost"]:
         failures.append(f"{result['delivery']['lost']:,} tasks were never published")
     if result["lateness_ms"]["early"]:

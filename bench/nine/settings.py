@@ -1,6 +1,6 @@
 """The bench's fixed settings, the targets its figures are judged by, the reference
-ceilings it quotes, and the options of one run (`Options`, from the command line of
-`bench/nine_oclock.py`)."""
+ceilings it quotes, the scenarios and their defaults, and the options of one run
+(`Options`, from the command line of `bench/nine_oclock.py`)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,24 @@ WORKER_RATE_FLOOR = 500
 """With `--workers`, the bench waits for them up to tasks / this many seconds past the
 dispatchers' deadline (M + S + `AFTER_BURST_S`)."""
 
+SCENARIOS = ("burst", "failover", "pause")
+"""burst: the dispatchers alone; failover: one dispatcher is killed (SIGKILL) mid-burst;
+pause: one is stopped (SIGSTOP) mid-burst for `--pause-s`, then continued (SIGCONT)."""
+SCENARIO_DEFAULTS: dict[str, dict[str, int]] = {
+    "burst": {"tasks": 300_000, "spread_s": 10, "dispatchers": 1},
+    "failover": {"tasks": 150_000, "spread_s": 30, "dispatchers": 2},
+    "pause": {"tasks": 150_000, "spread_s": 30, "dispatchers": 2},
+}
+"""What `--tasks`, `--spread-s` and `--dispatchers` default to in each scenario: a
+failover or pause needs a second dispatcher to take over, and a burst long enough to
+show the gap and the recovery (the lease alone takes `LEASE_TIMEOUT_S` to expire)."""
+PAUSE_DEFAULT_S = LEASE_TIMEOUT_S + 5
+"""How long a pause lasts by default: past the lease, so the paused dispatcher's shards
+go to the others and it comes back to find its leases gone."""
+REOWN_TIMEOUT_S = 60
+"""How long after a kill (after the end of a pause) the bench waits for the other
+dispatchers to hold every shard again."""
+
 REFERENCE_CEILINGS = {
     "source": "/work/shared/LOCAL-CLUSTER.md: 2-core machine, servers co-located",
     "kafka_produce_msgs_per_s": "100k msg/s (200 B, acks=all, idempotent, lz4, linger 5 ms)",
@@ -65,3 +83,10 @@ class Options:
     align: bool = True
     """M is a minute boundary; False (`--no-align`): the first whole second at least the
     lead ahead, so a quick check need not wait for the next minute."""
+    scenario: str = "burst"
+    event_at_s: float | None = None
+    """failover and pause: when the victim gets its signal, in seconds after M."""
+    pause_s: float = PAUSE_DEFAULT_S
+    """pause: how long the victim stays stopped."""
+    backend: str = "cassandra"
+    """cassandra (Cassandra, Kafka, ZooKeeper) or embedded (the SQLite files)."""

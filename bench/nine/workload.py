@@ -11,13 +11,14 @@ from __future__ import annotations
 import bisect
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.model import DEFAULT_MAX_ATTEMPTS, Priority, Task, TaskId, encode_message, encode_payload, from_ms
+from scheduler.ports import TaskStore
 from scheduler.producer import Client, Submission
 from scheduler.settings import CassandraSettings
 
@@ -85,16 +86,25 @@ class Burst:
         return sum(sizes) / len(sizes)
 
 
-def ingest(cassandra: CassandraSettings, items: list[Submission]) -> tuple[dict[str, Any], dict[bytes, int]]:
-    """Store every item with the SDK; the timing and id -> run_at_ms of what was stored."""
+def ingest(cassandra: CassandraSettings, items: list[Submission],
+           progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], dict[bytes, int]]:
+    """Store every item with the SDK; the timing and id -> run_at_ms of what was stored.
+    `progress` is told the tasks stored so far after each chunk."""
     store = CassandraTaskStore.open(cassandra)
     try:
-        client = Client(store, handoff=None)
-        started = time.monotonic()
-        report = client.submit_many(items, keep_ids=True)
-        seconds = time.monotonic() - started
+        return ingest_into(store, items, progress)
     finally:
         store.close()
+
+
+def ingest_into(store: TaskStore, items: list[Submission],
+                progress: Callable[[int], None] | None = None) -> tuple[dict[str, Any], dict[bytes, int]]:
+    """`ingest` into an open store (the caller closes it)."""
+    client = Client(store, handoff=None)
+    started = time.monotonic()
+    report = client.submit_many(items, keep_ids=True,
+                                progress=None if progress is None else lambda got: progress(got.stored))
+    seconds = time.monotonic() - started
     if not report.complete or report.stored != len(items):
         errors = report.rejected or report.failed
         raise BenchFailure(f"ingest stored {report.stored:,} of {len(items):,}"
