@@ -24,6 +24,11 @@ class InvalidPayload(InvalidTask):
     """A payload that msgpack cannot encode, or one over the size limit."""
 
 
+class InvalidSchedule(InvalidTask):
+    """A recurring schedule that cannot be stored: bad cron expression, unknown time
+    zone, bad misfire policy, negative jitter or grace, or a bad task template."""
+
+
 class InvalidMessage(SchedulerError):
     """Bytes taken from a queue that do not decode to a task message.
 
