@@ -23,7 +23,7 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
     assert len(tables) + len(altered) == len(statements) - 1
     assert {name.split(".")[0] for name in tables + altered} == {"results_day"}
     assert set(tables) == {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta",
-                           "results_day.effects"}
+                           "results_day.effects", "results_day.schedules"}
     assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)

@@ -1,0 +1,169 @@
+"""`CassandraScheduleStore`: the `ScheduleStore` port on Cassandra (table `schedules`).
+
+A schedule's row sits in the partition of its shard, so `list_shard` is one partition
+read. Every write is a lightweight transaction (Paxos, LOCAL_SERIAL), so no write here
+mixes client and Paxos timestamps:
+
+- `create`: `INSERT ... IF NOT EXISTS`;
+- `advance`: `UPDATE ... SET next_slot = ?, fence = ? IF next_slot = ? AND paused =
+  false AND fence <= ?`, one row and the partition's static fence, all or nothing. The
+  fence is null until the first advance in the partition and null compares false, so
+  when the answer shows a null fence the advance is tried again with `fence = null`
+  (CQL has no OR in IF), as the task partitions' fence is;
+- `pause`, `resume`, `delete`: conditional on the row (`IF paused = ...`, `IF EXISTS`).
+
+An answer that times out may or may not have been applied; it is a `StoreError`, and
+the caller's next pass re-reads the schedule (an advance that did apply then shows as
+the new next slot; creating its runs again writes the same rows).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from cassandra.cluster import NoHostAvailable
+from cassandra.query import PreparedStatement
+
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column
+from scheduler.errors import StoreError, StoreUnavailable
+from scheduler.model import Priority
+from scheduler.ports import AdvanceOutcome
+from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, schedule_shard
+from scheduler.settings import check_keyspace
+
+if TYPE_CHECKING:
+    from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+_COLUMNS = ("tenant, name, cron, zone, type, payload, priority, max_attempts, misfire, grace_s, jitter_s, "
+            "next_slot, paused, created_at")
+
+_QUERIES = {
+    "create": f"INSERT INTO {{keyspace}}.schedules (shard, schedule_id, {_COLUMNS}) "
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "get": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ? AND schedule_id = ?",
+    "list_shard": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ?",
+    "advance": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
+               "IF next_slot = ? AND paused = false AND fence <= ?",
+    "advance_first": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
+                     "IF next_slot = ? AND paused = false AND fence = null",
+    "pause": "UPDATE {keyspace}.schedules SET paused = true WHERE shard = ? AND schedule_id = ? IF paused = false",
+    "resume": "UPDATE {keyspace}.schedules SET paused = false, next_slot = ? WHERE shard = ? AND schedule_id = ? "
+              "IF paused = true",
+    "delete": "DELETE FROM {keyspace}.schedules WHERE shard = ? AND schedule_id = ? IF EXISTS",
+}
+
+
+class CassandraScheduleStore:
+    """The distributed `ScheduleStore`, on a task store's session
+    (`CassandraScheduleStore.for_store`). Thread-safe (the driver's session is)."""
+
+    def __init__(self, connection: CassandraConnection, keyspace: str, shard_count: int) -> None:
+        check_keyspace(keyspace)
+        self._session = connection.session
+        self._shard_count = shard_count
+        self.keyspace = keyspace
+        try:
+            self._q: dict[str, PreparedStatement] = {
+                name: self._session.prepare(text.format(keyspace=keyspace)) for name, text in _QUERIES.items()
+            }
+        except DRIVER_ERRORS as exc:
+            raise StoreError(
+                f"cannot prepare the schedule store's statements in keyspace {keyspace!r} ({type(exc).__name__}: "
+                f"{exc}); has `scheduler schema apply` been run for it since the schedules table was added?"
+            ) from exc
+
+    @classmethod
+    def for_store(cls, store: CassandraTaskStore) -> CassandraScheduleStore:
+        """A schedule store in the task store's keyspace, on its session (closing it does
+        nothing; it is unusable once the task store is closed)."""
+        return cls(store.connection, store.keyspace, store.shard_count)
+
+    @property
+    def shard_count(self) -> int:
+        return self._shard_count
+
+    def _run(self, name: str, values: tuple[object, ...]) -> Any:
+        try:
+            return self._session.execute(self._q[name].bind(values))
+        except NoHostAvailable as exc:
+            raise StoreUnavailable(f"no Cassandra node could take the schedule store's {name}: {exc}") from exc
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"schedule store {name} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _key(self, schedule_id: uuid.UUID) -> tuple[int, uuid.UUID]:
+        return schedule_shard(schedule_id, self._shard_count), schedule_id
+
+    def create(self, schedule: Schedule) -> bool:
+        template = schedule.template
+        result = self._run("create", (
+            *self._key(schedule.id), schedule.tenant, schedule.name, schedule.cron, schedule.zone, template.type,
+            template.payload, template.priority.code, template.max_attempts, schedule.misfire.value,
+            schedule.grace_s, schedule.jitter_s, schedule.next_slot_ms, schedule.paused, schedule.created_ms,
+        ))
+        return bool(result.was_applied)
+
+    def get(self, schedule_id: uuid.UUID) -> Schedule | None:
+        row = self._run("get", self._key(schedule_id)).one()
+        return _schedule(row) if row is not None and row[0] is not None else None
+
+    def list_shard(self, shard: int) -> list[Schedule]:
+        rows = self._run("list_shard", (shard,))
+        return [_schedule(row) for row in rows if row[0] is not None]  # a fence alone is no schedule
+
+    def list_all(self, tenant: str | None = None) -> list[Schedule]:
+        found = [s for shard in range(self._shard_count) for s in self.list_shard(shard)]
+        if tenant is not None:
+            found = [s for s in found if s.tenant == tenant]
+        return sorted(found, key=lambda s: (s.tenant, s.name))
+
+    def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
+        key = self._key(schedule.id)
+        result = self._run("advance", (next_slot_ms, token, *key, schedule.next_slot_ms, token))
+        for _ in range(3):
+            if result.was_applied:
+                return AdvanceOutcome.APPLIED
+            fence = answer_column(result, "fence")
+            if fence is not None and fence > token:
+                return AdvanceOutcome.FENCED
+            stored = answer_column(result, "next_slot")
+            if stored is None or _ms(stored) != schedule.next_slot_ms or answer_column(result, "paused") is not False:
+                return AdvanceOutcome.CHANGED
+            # The row is as read: the fence was null, or was raised to <= token in between.
+            name = "advance_first" if fence is None else "advance"
+            conditions = (schedule.next_slot_ms,) if fence is None else (schedule.next_slot_ms, token)
+            result = self._run(name, (next_slot_ms, token, *key, *conditions))
+        return AdvanceOutcome.APPLIED if result.was_applied else AdvanceOutcome.CHANGED
+
+    def pause(self, schedule_id: uuid.UUID) -> bool:
+        return bool(self._run("pause", self._key(schedule_id)).was_applied)
+
+    def resume(self, schedule_id: uuid.UUID, next_slot_ms: int) -> bool:
+        return bool(self._run("resume", (next_slot_ms, *self._key(schedule_id))).was_applied)
+
+    def delete(self, schedule_id: uuid.UUID) -> bool:
+        return bool(self._run("delete", self._key(schedule_id)).was_applied)
+
+    def close(self) -> None:
+        """Nothing: the session is the task store's."""
+
+
+def _ms(moment: datetime) -> int:
+    """Milliseconds of a timestamp the driver returns (naive, UTC)."""
+    return (moment - _EPOCH) // _ONE_MS
+
+
+_EPOCH = datetime(1970, 1, 1)
+_ONE_MS = timedelta(milliseconds=1)
+
+
+def _schedule(row: Any) -> Schedule:
+    (tenant, name, cron, zone, type_, payload, priority, max_attempts, misfire, grace_s, jitter_s, next_slot,
+     paused, created_at) = row
+    return Schedule(
+        tenant=tenant, name=name, cron=cron, zone=zone,
+        template=TaskTemplate(type_, bytes(payload or b"\xc0"), Priority.from_code(priority), max_attempts),
+        misfire=MisfirePolicy(misfire), grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=_ms(next_slot),
+        created_ms=_ms(created_at), paused=bool(paused),
+    )
