@@ -430,7 +430,9 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
 
     from scheduler.dispatcher import memory
     from scheduler.dispatcher.balance import parse_shards
-    from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
+    from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig, wall_clock_ms
+    from scheduler.producer import Client
+    from scheduler.recurring.runner import ScheduleRunner
 
     memory.limit_arenas()
 
@@ -449,8 +451,11 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
             lease_timeout_s=lease_timeout_s,
             long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
         )
+        schedule_runner = ScheduleRunner(parts.schedules, Client(parts.store, handoff=parts.handoff),
+                                         clock=wall_clock_ms)
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
-                            handoff_reader=parts.handoff_reader, topics=parts.topics)
+                            handoff_reader=parts.handoff_reader, topics=parts.topics,
+                            schedule_runner=schedule_runner)
         runner.start_session()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
@@ -557,4 +562,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code_for(error))
 
 
-from scheduler import worker_commands  # noqa: E402, F401  (registers `worker` and `dlq` on `cli`)
+from scheduler import schedule_commands, worker_commands  # noqa: E402, F401  (register `schedule`, `worker`, `dlq`)

@@ -23,6 +23,7 @@ from scheduler.ports import (
     Handoff,
     HandoffReader,
     Publisher,
+    ScheduleStore,
     TaskStore,
     TopicPartition,
     TopicScanner,
@@ -69,6 +70,27 @@ def open_store(settings: BackendSettings) -> Iterator[TaskStore]:
 
 
 @contextmanager
+def open_schedules(settings: BackendSettings, store: TaskStore) -> Iterator[ScheduleStore]:
+    """The recurring schedules of this backend, beside `store`'s tasks (its file, or its
+    keyspace and session)."""
+    schedules: ScheduleStore
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.schedules import SqliteScheduleStore
+
+        schedules = SqliteScheduleStore(settings.db, shard_count=store.shard_count)
+    else:
+        from scheduler.adapters.cassandra.schedules import CassandraScheduleStore
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+        assert isinstance(store, CassandraTaskStore)
+        schedules = CassandraScheduleStore.for_store(store)
+    try:
+        yield schedules
+    finally:
+        schedules.close()
+
+
+@contextmanager
 def open_handoff(settings: BackendSettings, shard_count: int) -> Iterator[Handoff]:
     """The producer's hand-off to the dispatchers of this backend."""
     if settings.backend == "embedded":
@@ -96,6 +118,9 @@ class DispatcherParts:
     publisher: Publisher
     handoff_reader: HandoffReader
     topics: dict[int, str]
+    schedules: ScheduleStore
+    handoff: Handoff
+    """Where the runs of recurring schedules that fall due soon are handed to their shard's owner."""
 
 
 @contextmanager
@@ -104,6 +129,8 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
     `QueueUnavailable`; the coordinator is checked when the dispatcher joins it)."""
     with ExitStack() as stack:
         store = stack.enter_context(open_store(settings))
+        schedules = stack.enter_context(open_schedules(settings, store))
+        handoff = stack.enter_context(open_handoff(settings, store.shard_count))
         coordinator: Coordinator
         publisher: Publisher
         reader: HandoffReader
@@ -132,7 +159,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             coordinator = ZkCoordinator(settings.zookeeper)
         stack.callback(reader.close)
         stack.callback(coordinator.close)
-        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics())
+        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff)
 
 
 POOL_TOPICS = {"default": ("high", "normal", "low"), "long": ("long",)}

@@ -12,6 +12,13 @@ Threads, and who owns what
   shards in the store and advance cursors (each a lightweight transaction, ~50 ms).
   Their results come back to the fire loop through its inbox, tagged with the lease
   token they were started under, so a result for a lease since lost is dropped.
+- The **schedule thread** runs, every `schedule_interval_ms` for each shard held, one
+  pass of `scheduler.recurring.runner` over the shard's recurring schedules: it creates
+  the runs due within its lookahead (90 s) as ordinary tasks (through the producer,
+  so runs due soon reach their own shard's owner by the hand-off) and advances each
+  schedule with a write fenced by the lease's token. It never touches the wheels; a
+  pass stops as soon as the lease is no longer valid, and a fenced answer drops the
+  shard like a refused cursor.
 
 A shard's life
 --------------
@@ -51,6 +58,7 @@ from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError
 from scheduler.model import BUCKET_MS, minute_bucket
 from scheduler.ports import Coordinator, HandoffReader, Lease, Publisher, SessionState, StoredTask, TaskStore
+from scheduler.recurring.runner import PassResult, ScheduleRunner
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +101,8 @@ class DispatcherConfig:
     flush_timeout_s: float = 10.0
     stats_path: Path | None = None
     stats_interval_ms: int = 1000
+    schedule_interval_ms: int = 5000
+    """How often the recurring schedules of each held shard get a creation pass."""
 
 
 @dataclass
@@ -116,6 +126,10 @@ class Stats:
     stalls: int = 0
     duplicates_dropped: int = 0
     job_errors: int = 0
+    schedule_passes: int = 0
+    schedule_runs_created: int = 0
+    schedule_misfires: int = 0
+    schedule_failures: int = 0
     started_ms: int = field(default_factory=wall_clock_ms)
 
 
@@ -132,6 +146,7 @@ class Dispatcher:
         handoff_reader: HandoffReader,
         topics: dict[int, str],
         clock: Clock = wall_clock_ms,
+        schedule_runner: ScheduleRunner | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -152,6 +167,10 @@ class Dispatcher:
         self._mine_lock = threading.Lock()
         self._readers = ThreadPoolExecutor(config.reader_threads, thread_name_prefix="dispatcher-read")
         self._writers = ThreadPoolExecutor(config.writer_threads, thread_name_prefix="dispatcher-write")
+        self.schedule_runner = schedule_runner
+        self._schedulers = ThreadPoolExecutor(1, thread_name_prefix="dispatcher-schedule")
+        self._scheduling: set[int] = set()
+        self._last_schedule_ms: dict[int, int] = {}
         self._advancing: set[int] = set()
         self._last_advance_ms: dict[int, int] = {}
         self._positions: dict[int, int] = {}
@@ -382,7 +401,40 @@ class Dispatcher:
             return
         self._post(partial(self._advanced, shard, lease, through_ms if applied else False))
 
+    def _schedule_pass(self, shard: int, lease: Lease) -> None:
+        """Off the fire loop: create the runs of the shard's schedules that are due soon."""
+        runner = self.schedule_runner
+        assert runner is not None
+
+        def still_owner() -> bool:
+            return not self._stopping.is_set() and self.coordinator.is_valid(lease)
+
+        result: PassResult | None = None
+        try:
+            if still_owner():
+                result = runner.run_shard(shard, lease.token, still_owner)
+        except SchedulerError as exc:
+            self.stats.schedule_failures += 1
+            log.warning("the schedule pass of shard %d failed: %s", shard, exc,
+                        extra={"action": "schedule_pass_failed", "shard": shard})
+        self._post(partial(self._schedule_passed, shard, lease, result))
+
     # Inbox handlers: these run on the fire loop.
+
+    def _schedule_passed(self, shard: int, lease: Lease, result: PassResult | None) -> None:
+        self._scheduling.discard(shard)
+        if result is None:
+            return
+        self.stats.schedule_passes += 1
+        self.stats.schedule_runs_created += result.created
+        self.stats.schedule_misfires += result.missed
+        self.stats.schedule_failures += result.failed
+        if result.created:
+            log.info("created %d run(s) of recurring schedules of shard %d", result.created, shard,
+                     extra={"action": "schedule_runs_created", "shard": shard})
+        if result.fenced_out and self._current(shard, lease.token) is not None:
+            self.stats.fenced_out += 1
+            self._drop(shard, "fenced out by the schedule store", lease)
 
     def _holds(self, shard: int, token: int) -> bool:
         owned = self.shards.get(shard)
@@ -577,6 +629,7 @@ class Dispatcher:
         self._trim_memory()
         self._schedule_reads(now)
         self._advance_cursors(now)
+        self._run_schedules(now)
         self._commit_handoffs(now)
         self._write_stats(now)
 
@@ -708,6 +761,18 @@ class Dispatcher:
                 self._submit(self._writers, self._advance, shard, owned.lease, through,
                              on_error=partial(self._post, partial(self._advanced, shard, owned.lease, None)))
 
+    def _run_schedules(self, now: int) -> None:
+        if self.schedule_runner is None:
+            return
+        interval = self.config.schedule_interval_ms
+        for shard, owned in self.shards.items():
+            if shard in self._scheduling or now - self._last_schedule_ms.get(shard, 0) < interval:
+                continue
+            self._scheduling.add(shard)
+            self._last_schedule_ms[shard] = now
+            self._submit(self._schedulers, self._schedule_pass, shard, owned.lease,
+                         on_error=partial(self._post, partial(self._schedule_passed, shard, owned.lease, None)))
+
     def _commit_handoffs(self, now: int) -> None:
         if now - self._last_commit_ms < self.config.commit_interval_ms:
             return
@@ -755,6 +820,7 @@ class Dispatcher:
         if self._pending:
             self._publish_pending()
         self._readers.shutdown(wait=False, cancel_futures=True)
+        self._schedulers.shutdown(wait=False, cancel_futures=True)
         for shard in list(self.shards):
             self._give_back(shard)
         self._writers.shutdown(wait=True)

@@ -1,0 +1,154 @@
+"""One creation pass over the schedules of a shard, for the shard's lease holder.
+
+For each schedule of the shard that is not paused, the pass asks `misfire.plan_runs`
+which runs to create, then:
+
+1. submits them through the producer (`Client.submit_many`): each run is a task of the
+   schedule's tenant with the idempotency key `schedule:<id>:<slot_ms>` and
+   `run_at = slot + jitter`, so its task id is fixed by the schedule and the slot, and
+   a run due within the hand-off window also reaches the dispatcher that owns the
+   *run's* shard (usually another shard than the schedule's);
+2. only once every run is acknowledged, moves the schedule's next slot past them with a
+   conditional write (`ScheduleStore.advance`, conditional on the next slot it read and
+   fenced by the lease's token).
+
+How it fails, and why nothing is created twice
+----------------------------------------------
+- A crash (or a failed write) between 1 and 2 leaves the next slot where it was; the
+  next pass, here or on the shard's next owner, creates the same runs again, which
+  writes the same rows (an insert of an existing id keeps its status).
+- Two creators racing on one schedule (an old owner that has not noticed it lost the
+  lease, and the new one) both write the same rows; one advance applies, the other
+  answers `CHANGED` and that creator stops for this pass. A run written by both is
+  handed to the dispatcher twice; a run created ahead of its slot waits in the wheel,
+  which drops the second copy when the slot fires. Only a run created already due (a
+  catch-up after an outage) can be published twice, like any re-publish after a crash:
+  delivery is at least once, and `ctx.once` guards effects.
+- The losing creator may have written a run the winner did not (its clock was later, so
+  its lookahead reached one slot further): that slot's run has the same id whoever
+  creates it, so the next pass writes the same row. For `skip`, a creator whose clock is
+  earlier may still count a slot at the edge of the grace window as on time and create it.
+- `FENCED` (a newer token has advanced a schedule of the shard) ends the pass: the
+  shard is someone else's. `still_owner` is also asked before each schedule.
+- A submit that fails (store or hand-off) leaves the schedule unadvanced; the next
+  pass tries again. Failures are logged per schedule and never stop the others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from scheduler.errors import SchedulerError
+from scheduler.model import from_ms
+from scheduler.ports import AdvanceOutcome, ScheduleStore
+from scheduler.producer import Client, Submission
+from scheduler.recurring.jitter import jitter_ms
+from scheduler.recurring.misfire import DEFAULT_LIMIT, plan_runs
+from scheduler.recurring.schedule import Schedule, run_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOOKAHEAD_MS = 90_000
+"""Runs are created this far ahead of their slot: more than the dispatcher's one-minute
+read-ahead, so a run is usually in the store before its minute is loaded."""
+
+
+@dataclass
+class PassResult:
+    created: int = 0
+    advanced: int = 0
+    changed: int = 0
+    missed: int = 0
+    failed: int = 0
+    fenced_out: bool = False
+    created_slots: list[tuple[str, int]] = field(default_factory=list)
+    """(schedule name, slot) of every run submitted, for logs and tests."""
+
+
+class ScheduleRunner:
+    """Creates the runs of the schedules of shards this process holds. `clock` returns
+    the time in ms (injectable for tests)."""
+
+    def __init__(
+        self,
+        schedules: ScheduleStore,
+        client: Client,
+        *,
+        clock: Callable[[], int],
+        lookahead_ms: int = DEFAULT_LOOKAHEAD_MS,
+        limit: int = DEFAULT_LIMIT,
+    ) -> None:
+        self.schedules = schedules
+        self.client = client
+        self.clock = clock
+        self.lookahead_ms = lookahead_ms
+        self.limit = limit
+
+    def run_shard(self, shard: int, token: int, still_owner: Callable[[], bool] = lambda: True) -> PassResult:
+        """One pass over the shard's schedules under the lease `token`."""
+        result = PassResult()
+        for schedule in self.schedules.list_shard(shard):
+            if schedule.paused:
+                continue
+            if not still_owner():
+                break
+            try:
+                self._run_schedule(schedule, token, result)
+            except SchedulerError as exc:
+                result.failed += 1
+                log.warning("creating the runs of schedule %s/%s failed: %s; trying again next pass",
+                            schedule.tenant, schedule.name, exc, extra={"action": "schedule_failed"})
+            if result.fenced_out:
+                log.error("the store refused shard %d's schedules for token %d: a newer owner exists", shard,
+                          token, extra={"action": "schedule_fenced_out", "shard": shard})
+                break
+        return result
+
+    def _run_schedule(self, schedule: Schedule, token: int, result: PassResult) -> None:
+        rule = schedule.rule
+        while True:
+            plan = plan_runs(rule, schedule.next_slot_ms, self.clock(), lookahead_ms=self.lookahead_ms,
+                             grace_ms=schedule.grace_s * 1000, policy=schedule.misfire, limit=self.limit)
+            if not plan.changes:
+                return
+            self._submit(schedule, plan.slots)
+            outcome = self.schedules.advance(schedule, plan.next_slot_ms, token)
+            if outcome is AdvanceOutcome.FENCED:
+                result.fenced_out = True
+                return
+            if outcome is AdvanceOutcome.CHANGED:
+                result.changed += 1
+                return
+            result.advanced += 1
+            result.created += len(plan.slots)
+            result.missed += plan.missed
+            result.created_slots += [(schedule.name, slot) for slot in plan.slots]
+            if plan.missed:
+                log.warning("schedule %s/%s missed %d slot(s) (misfire policy %s)", schedule.tenant, schedule.name,
+                            plan.missed, schedule.misfire.value, extra={"action": "schedule_misfire"})
+            schedule = replace(schedule, next_slot_ms=plan.next_slot_ms)
+            if len(plan.slots) < self.limit:
+                return
+
+    def _submit(self, schedule: Schedule, slots: tuple[int, ...]) -> None:
+        if not slots:
+            return
+        template = schedule.template
+        payload = template.decoded_payload()
+        items = [
+            Submission(
+                type=template.type, payload=payload, tenant=schedule.tenant,
+                run_at=from_ms(slot) + timedelta(milliseconds=jitter_ms(schedule.id, slot, schedule.jitter_s)),
+                priority=template.priority, idempotency_key=run_key(schedule.id, slot),
+                max_attempts=template.max_attempts,
+            )
+            for slot in slots
+        ]
+        report = self.client.submit_many(items, on_invalid="stop")
+        if not report.complete:
+            problems = report.rejected + report.failed
+            reason = problems[0].reason if problems else "not every run was read"
+            raise SchedulerError(f"{len(problems)} of {len(items)} runs not stored: {reason}")

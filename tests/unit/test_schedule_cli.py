@@ -1,0 +1,114 @@
+"""`scheduler schedule ...` on the embedded backend: the life of a schedule, bad input
+refused with exit 2 before anything is written, and `preview` across DST changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from scheduler.cli import Exit, cli
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(db: Path, *args: str) -> Result:
+    return CliRunner().invoke(cli, ["schedule", *args, "--db", str(db)], env={"SCHEDULER_BACKEND": "embedded"})
+
+
+ADD = ("add", "nightly", "--tenant", "college", "--cron", "30 2 * * *", "--zone", "America/New_York",
+       "--type", "report", "--payload", '{"kind": "daily"}', "--misfire", "skip", "--jitter", "30")
+
+
+@pytest.mark.parametrize("command", ["add", "list", "pause", "resume", "delete", "preview"])
+def test_every_schedule_command_has_help(command: str) -> None:
+    result = CliRunner().invoke(cli, ["schedule", command, "--help"])
+    assert result.exit_code == 0 and "SCHEDULER_BACKEND" in result.output
+
+
+def test_add_list_pause_resume_delete(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    added = run(db, *ADD)
+    assert added.exit_code == Exit.OK, added.output
+    assert "schedule nightly" in added.output
+    assert "02:30 EST" in added.output or "02:30 EDT" in added.output
+    assert run(db, *ADD).exit_code == Exit.CONFLICT  # the tenant already has one of that name
+
+    listed = run(db, "list", "--json")
+    (described,) = [json.loads(line) for line in listed.output.splitlines()]
+    assert described["cron"] == "30 2 * * *" and described["zone"] == "America/New_York"
+    assert described["payload"] == {"kind": "daily"} and described["misfire"] == "skip"
+    assert described["jitter_s"] == 30 and described["paused"] is False
+
+    assert "paused" in run(db, "pause", "nightly", "--tenant", "college").output
+    assert "already paused" in run(db, "pause", "nightly", "--tenant", "college").output
+    assert json.loads(run(db, "list", "--json").output)["paused"] is True
+    resumed = run(db, "resume", "nightly", "--tenant", "college")
+    assert resumed.exit_code == Exit.OK and "resumed, next run" in resumed.output
+    assert json.loads(run(db, "list", "--json").output)["paused"] is False
+
+    assert run(db, "list", "--tenant", "board").output.strip() == "0 schedule(s)"
+    assert run(db, "pause", "nightly", "--tenant", "board").exit_code == Exit.FAILURE  # another tenant's name space
+    assert run(db, "delete", "nightly", "--tenant", "college").exit_code == Exit.OK
+    assert run(db, "delete", "nightly", "--tenant", "college").exit_code == Exit.FAILURE
+    assert run(db, "list").output.strip() == "0 schedule(s)"
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--cron", "61 2 * * *"), "bad cron expression '61 2 * * *'"),
+    (("--cron", "2 * * *"), "expected 5 fields"),
+    (("--zone", "America/Gotham"), "unknown time zone 'America/Gotham'"),
+    (("--misfire", "sometimes"), "unknown misfire policy 'sometimes'"),
+    (("--jitter", "-5"), "jitter is a whole number of seconds from 0"),
+    (("--grace", "-1"), "grace window"),
+    (("--payload", "{nope"), "payload is not JSON"),
+    (("--max-attempts", "0"), "max attempts"),
+])
+def test_bad_input_is_exit_2_with_the_reason_and_nothing_written(tmp_path: Path, flags: tuple[str, str],
+                                                                 message: str) -> None:
+    db = tmp_path / "tasks.db"
+    args = list(ADD)
+    flag, value = flags
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    result = run(db, *args)
+    assert result.exit_code == Exit.USAGE, result.output
+    assert message in result.output
+    assert not db.exists()  # refused before the store was opened
+
+
+def test_preview_prints_local_and_utc_times_and_marks_the_dst_change(tmp_path: Path) -> None:
+    result = run(tmp_path / "tasks.db", "preview", "--cron", "30 2 * * *", "--zone", "America/New_York",
+                 "--from", "2026-03-06T00:00:00-05:00", "--count", "4")
+    assert result.exit_code == Exit.OK, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("30 2 * * *  in America/New_York  (fixed time")
+    assert lines[2].startswith("2026-03-06 Fri 02:30 EST -05:00") and "2026-03-06 07:30Z" in lines[2]
+    assert lines[4].startswith("2026-03-08 Sun 03:00 EDT -04:00") and "2026-03-08 07:00Z" in lines[4]
+    assert "DST: clocks go forward 1h on 2026-03-08 at 02:00 EST -> 03:00 EDT" in lines[4]
+    assert "02:30 does not exist that day" in lines[4]
+    assert lines[5].startswith("2026-03-09 Mon 02:30 EDT -04:00") and lines[5].endswith("06:30Z")
+    assert not (tmp_path / "tasks.db").exists()  # an expression needs no store
+
+
+def test_preview_of_a_stored_schedule_starts_at_its_next_slot(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    assert run(db, *ADD).exit_code == Exit.OK
+    result = run(db, "preview", "nightly", "--tenant", "college", "--count", "3")
+    assert result.exit_code == Exit.OK, result.output
+    assert len(result.output.splitlines()) == 2 + 3
+    assert run(db, "preview", "weekly", "--tenant", "college").exit_code == Exit.FAILURE
+
+
+@pytest.mark.parametrize("args", [
+    ("preview",),
+    ("preview", "--cron", "0 2 * * *"),
+    ("preview", "--cron", "0 2 * * *", "--zone", "Nowhere/City"),
+    ("preview", "--cron", "0 2 * * *", "--zone", "UTC", "--from", "2026-03-06T00:00"),  # no zone
+])
+def test_preview_refuses_incomplete_or_bad_input(tmp_path: Path, args: tuple[str, ...]) -> None:
+    assert run(tmp_path / "tasks.db", *args).exit_code == Exit.USAGE
