@@ -130,3 +130,14 @@ def test_delete_removes_the_schedule_and_stops_its_advances(schedules: ScheduleS
     assert schedules.list_shard(schedule.shard(schedules.shard_count)) == []
     assert schedules.advance(schedule, schedule.next_slot_ms + 60_000, token=1) is AdvanceOutcome.CHANGED
     assert not schedules.pause(schedule.id) and not schedules.resume(schedule.id, 0)
+
+
+def test_a_schedule_deleted_and_added_again_is_not_advanced_from_the_old_read(schedules: ScheduleStore) -> None:
+    old = make()
+    schedules.create(old)
+    assert schedules.delete(old.id)
+    again = replace(make(cron="0 9 * * *"), next_slot_ms=old.next_slot_ms, created_ms=old.created_ms + 1)
+    assert schedules.create(again)  # same tenant and name, same id, and here even the same next slot
+    assert schedules.advance(old, old.next_slot_ms + 3_600_000, token=1) is AdvanceOutcome.CHANGED
+    assert schedules.get(again.id) == again
+    assert schedules.advance(again, again.next_slot_ms + 86_400_000, token=1) is AdvanceOutcome.APPLIED

@@ -6,7 +6,9 @@ mixes client and Paxos timestamps:
 
 - `create`: `INSERT ... IF NOT EXISTS`;
 - `advance`: `UPDATE ... SET next_slot = ?, fence = ? IF next_slot = ? AND paused =
-  false AND fence <= ?`, one row and the partition's static fence, all or nothing. The
+  false AND created_at = ? AND fence <= ?`, one row and the partition's static fence,
+  all or nothing (`created_at` tells a schedule deleted and added again under the same
+  name, whose first slot may equal the old one's, from the one that was read). The
   fence is null until the first advance in the partition and null compares false, so
   when the answer shows a null fence the advance is tried again with `fence = null`
   (CQL has no OR in IF), as the task partitions' fence is;
@@ -19,7 +21,9 @@ the new next slot; creating its runs again writes the same rows).
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +31,7 @@ from cassandra.cluster import NoHostAvailable
 from cassandra.query import PreparedStatement
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column
-from scheduler.errors import StoreError, StoreUnavailable
+from scheduler.errors import InvalidSchedule, StoreError, StoreUnavailable
 from scheduler.model import Priority
 from scheduler.ports import AdvanceOutcome
 from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, schedule_shard
@@ -45,14 +49,16 @@ _QUERIES = {
     "get": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ? AND schedule_id = ?",
     "list_shard": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ?",
     "advance": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
-               "IF next_slot = ? AND paused = false AND fence <= ?",
+               "IF next_slot = ? AND paused = false AND created_at = ? AND fence <= ?",
     "advance_first": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
-                     "IF next_slot = ? AND paused = false AND fence = null",
+                     "IF next_slot = ? AND paused = false AND created_at = ? AND fence = null",
     "pause": "UPDATE {keyspace}.schedules SET paused = true WHERE shard = ? AND schedule_id = ? IF paused = false",
     "resume": "UPDATE {keyspace}.schedules SET paused = false, next_slot = ? WHERE shard = ? AND schedule_id = ? "
               "IF paused = true",
     "delete": "DELETE FROM {keyspace}.schedules WHERE shard = ? AND schedule_id = ? IF EXISTS",
 }
+
+log = logging.getLogger(__name__)
 
 
 class CassandraScheduleStore:
@@ -110,7 +116,7 @@ class CassandraScheduleStore:
 
     def list_shard(self, shard: int) -> list[Schedule]:
         rows = self._run("list_shard", (shard,))
-        return [_schedule(row) for row in rows if row[0] is not None]  # a fence alone is no schedule
+        return _readable(row for row in rows if row[0] is not None)  # a fence alone is no schedule
 
     def list_all(self, tenant: str | None = None) -> list[Schedule]:
         found = [s for shard in range(self._shard_count) for s in self.list_shard(shard)]
@@ -120,19 +126,21 @@ class CassandraScheduleStore:
 
     def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
         key = self._key(schedule.id)
-        result = self._run("advance", (next_slot_ms, token, *key, schedule.next_slot_ms, token))
+        read = (schedule.next_slot_ms, schedule.created_ms)
+        result = self._run("advance", (next_slot_ms, token, *key, *read, token))
         for _ in range(3):
             if result.was_applied:
                 return AdvanceOutcome.APPLIED
             fence = answer_column(result, "fence")
             if fence is not None and fence > token:
                 return AdvanceOutcome.FENCED
-            stored = answer_column(result, "next_slot")
-            if stored is None or _ms(stored) != schedule.next_slot_ms or answer_column(result, "paused") is not False:
-                return AdvanceOutcome.CHANGED
+            stored, created = answer_column(result, "next_slot"), answer_column(result, "created_at")
+            if (stored is None or _ms(stored) != schedule.next_slot_ms or answer_column(result, "paused") is not False
+                    or created is None or _ms(created) != schedule.created_ms):
+                return AdvanceOutcome.CHANGED  # moved on, paused, or deleted (and perhaps added again)
             # The row is as read: the fence was null, or was raised to <= token in between.
             name = "advance_first" if fence is None else "advance"
-            conditions = (schedule.next_slot_ms,) if fence is None else (schedule.next_slot_ms, token)
+            conditions = read if fence is None else (*read, token)
             result = self._run(name, (next_slot_ms, token, *key, *conditions))
         return AdvanceOutcome.APPLIED if result.was_applied else AdvanceOutcome.CHANGED
 
@@ -167,3 +175,16 @@ def _schedule(row: Any) -> Schedule:
         misfire=MisfirePolicy(misfire), grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=_ms(next_slot),
         created_ms=_ms(created_at), paused=bool(paused),
     )
+
+
+def _readable(rows: Iterable[Any]) -> list[Schedule]:
+    """The rows as schedules, leaving out (and logging) any this version cannot read,
+    so one bad row (e.g. written by a newer version) does not stop the others."""
+    found = []
+    for row in rows:
+        try:
+            found.append(_schedule(row))
+        except (ValueError, TypeError, KeyError, InvalidSchedule) as exc:
+            log.error("skipping schedule %r of tenant %r: its row cannot be read (%s: %s)", row[1], row[0],
+                      type(exc).__name__, exc, extra={"action": "schedule_unreadable"})
+    return found

@@ -10,16 +10,17 @@ that has advanced one of its schedules.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
-from scheduler.errors import StoreError
+from scheduler.errors import InvalidSchedule, StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Priority, check_shard_count
 from scheduler.ports import AdvanceOutcome
 from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, schedule_shard
@@ -52,6 +53,8 @@ CREATE TABLE IF NOT EXISTS schedule_fences (
 
 _COLUMNS = ("tenant, name, cron, zone, type, payload, priority, max_attempts, misfire, grace_s, jitter_s, "
             "next_slot_ms, paused, created_ms")
+
+log = logging.getLogger(__name__)
 
 
 class SqliteScheduleStore:
@@ -112,14 +115,14 @@ class SqliteScheduleStore:
 
     def list_shard(self, shard: int) -> list[Schedule]:
         rows = self._read(f"SELECT {_COLUMNS} FROM schedules WHERE shard = ? ORDER BY schedule_id", (shard,))
-        return [_schedule(row) for row in rows]
+        return _readable(rows)
 
     def list_all(self, tenant: str | None = None) -> list[Schedule]:
         if tenant is None:
             rows = self._read(f"SELECT {_COLUMNS} FROM schedules", ())
         else:
             rows = self._read(f"SELECT {_COLUMNS} FROM schedules WHERE tenant = ?", (tenant,))
-        return sorted((_schedule(row) for row in rows), key=lambda s: (s.tenant, s.name))
+        return sorted(_readable(rows), key=lambda s: (s.tenant, s.name))
 
     def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
         shard, key = self._key(schedule.id)
@@ -129,8 +132,8 @@ class SqliteScheduleStore:
                 return AdvanceOutcome.FENCED
             cursor = db.execute(
                 "UPDATE schedules SET next_slot_ms = ? WHERE shard = ? AND schedule_id = ? AND next_slot_ms = ? "
-                "AND paused = 0",
-                (next_slot_ms, shard, key, schedule.next_slot_ms),
+                "AND paused = 0 AND created_ms = ?",  # created_ms: not a schedule deleted and added again
+                (next_slot_ms, shard, key, schedule.next_slot_ms, schedule.created_ms),
             )
             if cursor.rowcount != 1:
                 return AdvanceOutcome.CHANGED
@@ -171,3 +174,16 @@ def _schedule(row: Sequence[Any]) -> Schedule:
         misfire=MisfirePolicy(misfire), grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=next_slot_ms,
         created_ms=created_ms, paused=bool(paused),
     )
+
+
+def _readable(rows: Iterable[Any]) -> list[Schedule]:
+    """The rows as schedules, leaving out (and logging) any this version cannot read,
+    so one bad row (e.g. written by a newer version) does not stop the others."""
+    found = []
+    for row in rows:
+        try:
+            found.append(_schedule(row))
+        except (ValueError, TypeError, KeyError, InvalidSchedule) as exc:
+            log.error("skipping schedule %r of tenant %r: its row cannot be read (%s: %s)", row[1], row[0],
+                      type(exc).__name__, exc, extra={"action": "schedule_unreadable"})
+    return found
