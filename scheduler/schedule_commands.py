@@ -19,6 +19,7 @@ from scheduler import wiring
 from scheduler.cli import Exit, backend_settings, cli, parse_payload, store_options, tenant_option
 from scheduler.errors import InvalidSchedule
 from scheduler.model import Priority, from_ms, to_ms
+from scheduler.ports import CancelOutcome
 from scheduler.recurring import preview as previews
 from scheduler.recurring.cron import NEVER_MS, CronRule
 from scheduler.recurring.schedule import DEFAULT_GRACE_S, Schedule, new_schedule, schedule_id
@@ -159,16 +160,26 @@ def schedule_resume(name: str, tenant: str, backend: str, db: Path, **options: A
 @tenant_option("Tenant that owns the schedule.")
 @store_options
 def schedule_delete(name: str, tenant: str, backend: str, db: Path, **options: Any) -> None:
-    """Delete a schedule; runs already created stay (cancel them with `scheduler cancel`).
-    Exit 1 if there is no such schedule."""
+    """Delete a schedule, and cancel its runs already created that are not yet due (at
+    most ~90 s ahead), so a schedule added again under the name never runs a slot
+    twice. Runs already due are left to run. Exit 1 if there is no such schedule."""
+    from scheduler.producer import Client
+    from scheduler.recurring.runner import runs_ahead
+
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+    with (wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules,
+          wiring.open_handoff(settings, store.shard_count) as handoff):
         found = schedules.get(schedule_id(tenant, name))
         deleted = found is not None and found.tenant == tenant and schedules.delete(found.id)
+        cancelled = 0
+        if deleted and found is not None:
+            client = Client(store, handoff=handoff)
+            for task_id in runs_ahead(found, _now_ms()):
+                cancelled += client.cancel(task_id, tenant) is CancelOutcome.CANCELLED
     if not deleted:
         click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
         raise click.exceptions.Exit(Exit.FAILURE)
-    click.echo(f"schedule {name}: deleted")
+    click.echo(f"schedule {name}: deleted" + (f"; {cancelled} run(s) created ahead cancelled" if cancelled else ""))
 
 
 @schedule.command("preview")

@@ -62,6 +62,10 @@ from scheduler.recurring.runner import PassResult, ScheduleRunner
 
 log = logging.getLogger(__name__)
 
+SCHEDULE_STOP_WAIT_S = 10.0
+"""How long a stopping dispatcher waits for a schedule pass under way before it gives
+its leases back (the pass stops at its next schedule; runs it made are idempotent)."""
+
 Clock = Callable[[], int]
 
 LOAD_CHUNK = 2000
@@ -170,6 +174,8 @@ class Dispatcher:
         self.schedule_runner = schedule_runner
         self._schedulers = ThreadPoolExecutor(1, thread_name_prefix="dispatcher-schedule")
         self._scheduling: set[int] = set()
+        self._passes_running = 0
+        self._passes_changed = threading.Condition()
         self._last_schedule_ms: dict[int, int] = {}
         self._advancing: set[int] = set()
         self._last_advance_ms: dict[int, int] = {}
@@ -410,6 +416,8 @@ class Dispatcher:
             return not self._stopping.is_set() and self.coordinator.is_valid(lease)
 
         result: PassResult | None = None
+        with self._passes_changed:
+            self._passes_running += 1
         try:
             if still_owner():
                 result = runner.run_shard(shard, lease.token, still_owner)
@@ -417,6 +425,10 @@ class Dispatcher:
             self.stats.schedule_failures += 1
             log.warning("the schedule pass of shard %d failed: %s", shard, exc,
                         extra={"action": "schedule_pass_failed", "shard": shard})
+        finally:
+            with self._passes_changed:
+                self._passes_running -= 1
+                self._passes_changed.notify_all()
         self._post(partial(self._schedule_passed, shard, lease, result))
 
     # Inbox handlers: these run on the fire loop.
@@ -821,6 +833,10 @@ class Dispatcher:
             self._publish_pending()
         self._readers.shutdown(wait=False, cancel_futures=True)
         self._schedulers.shutdown(wait=False, cancel_futures=True)
+        with self._passes_changed:  # a pass under way sees the stop before its next schedule
+            if not self._passes_changed.wait_for(lambda: self._passes_running == 0, SCHEDULE_STOP_WAIT_S):
+                log.warning("a schedule pass still runs %.0f s after the stop; giving the shards back anyway",
+                            SCHEDULE_STOP_WAIT_S)
         for shard in list(self.shards):
             self._give_back(shard)
         self._writers.shutdown(wait=True)

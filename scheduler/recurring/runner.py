@@ -38,11 +38,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from dataclasses import dataclass, field
 
 from scheduler.errors import SchedulerError
-from scheduler.model import from_ms
+from scheduler.model import TaskId, from_ms
 from scheduler.ports import AdvanceOutcome, ScheduleStore
 from scheduler.producer import Client, Submission
 from scheduler.recurring.jitter import jitter_ms
@@ -66,6 +65,27 @@ class PassResult:
     fenced_out: bool = False
     created_slots: list[tuple[str, int]] = field(default_factory=list)
     """(schedule name, slot) of every run submitted, for logs and tests."""
+
+
+def run_id(schedule: Schedule, slot_ms: int) -> TaskId:
+    """The task id of the run of `slot_ms`, as `ScheduleRunner` creates it."""
+    run_at_ms = slot_ms + jitter_ms(schedule.id, slot_ms, schedule.jitter_s)
+    return TaskId.for_key(run_at_ms, schedule.tenant, run_key(schedule.id, slot_ms))
+
+
+def runs_ahead(schedule: Schedule, now_ms: int, limit: int = DEFAULT_LIMIT * 10) -> list[TaskId]:
+    """The ids of the runs that may already be created and not yet due: slots before the
+    stored next slot whose run is due after `now_ms` (at most `limit`). Deleting a
+    schedule cancels them, so a schedule added again under the name (whose runs may have
+    other ids, e.g. another jitter) does not run a slot twice."""
+    ids: list[TaskId] = []
+    for slot in schedule.rule.slots_after(now_ms - schedule.jitter_s * 1000 - 1):
+        if slot >= schedule.next_slot_ms or len(ids) >= limit:
+            break
+        task_id = run_id(schedule, slot)
+        if task_id.run_at_ms > now_ms:
+            ids.append(task_id)
+    return ids
 
 
 class ScheduleRunner:
@@ -101,6 +121,10 @@ class ScheduleRunner:
                 result.failed += 1
                 log.warning("creating the runs of schedule %s/%s failed: %s; trying again next pass",
                             schedule.tenant, schedule.name, exc, extra={"action": "schedule_failed"})
+            except Exception:  # one schedule's fault (a bad row, a payload) must not stop the shard's others
+                result.failed += 1
+                log.exception("creating the runs of schedule %s/%s failed unexpectedly; trying again next pass",
+                              schedule.tenant, schedule.name, extra={"action": "schedule_failed"})
             if result.fenced_out:
                 log.error("the store refused shard %d's schedules for token %d: a newer owner exists", shard,
                           token, extra={"action": "schedule_fenced_out", "shard": shard})
@@ -108,30 +132,29 @@ class ScheduleRunner:
         return result
 
     def _run_schedule(self, schedule: Schedule, token: int, result: PassResult) -> None:
-        rule = schedule.rule
-        while True:
-            plan = plan_runs(rule, schedule.next_slot_ms, self.clock(), lookahead_ms=self.lookahead_ms,
-                             grace_ms=schedule.grace_s * 1000, policy=schedule.misfire, limit=self.limit)
-            if not plan.changes:
-                return
-            self._submit(schedule, plan.slots)
-            outcome = self.schedules.advance(schedule, plan.next_slot_ms, token)
-            if outcome is AdvanceOutcome.FENCED:
-                result.fenced_out = True
-                return
-            if outcome is AdvanceOutcome.CHANGED:
-                result.changed += 1
-                return
-            result.advanced += 1
-            result.created += len(plan.slots)
-            result.missed += plan.missed
-            result.created_slots += [(schedule.name, slot) for slot in plan.slots]
-            if plan.missed:
-                log.warning("schedule %s/%s missed %d slot(s) (misfire policy %s)", schedule.tenant, schedule.name,
-                            plan.missed, schedule.misfire.value, extra={"action": "schedule_misfire"})
-            schedule = replace(schedule, next_slot_ms=plan.next_slot_ms)
-            if len(plan.slots) < self.limit:
-                return
+        """At most one batch (`limit` runs) per schedule and pass: a long outage under
+        `all` is caught up over several passes, so one schedule never holds the thread
+        (and every other shard's schedules) for minutes, and ownership is asked again
+        between batches."""
+        plan = plan_runs(schedule.rule, schedule.next_slot_ms, self.clock(), lookahead_ms=self.lookahead_ms,
+                         grace_ms=schedule.grace_s * 1000, policy=schedule.misfire, limit=self.limit)
+        if not plan.changes:
+            return
+        self._submit(schedule, plan.slots)
+        outcome = self.schedules.advance(schedule, plan.next_slot_ms, token)
+        if outcome is AdvanceOutcome.FENCED:
+            result.fenced_out = True
+            return
+        if outcome is AdvanceOutcome.CHANGED:
+            result.changed += 1
+            return
+        result.advanced += 1
+        result.created += len(plan.slots)
+        result.missed += plan.missed
+        result.created_slots += [(schedule.name, slot) for slot in plan.slots]
+        if plan.missed:
+            log.warning("schedule %s/%s missed %d slot(s) (misfire policy %s)", schedule.tenant, schedule.name,
+                        plan.missed, schedule.misfire.value, extra={"action": "schedule_misfire"})
 
     def _submit(self, schedule: Schedule, slots: tuple[int, ...]) -> None:
         if not slots:
@@ -141,9 +164,8 @@ class ScheduleRunner:
         items = [
             Submission(
                 type=template.type, payload=payload, tenant=schedule.tenant,
-                run_at=from_ms(slot) + timedelta(milliseconds=jitter_ms(schedule.id, slot, schedule.jitter_s)),
-                priority=template.priority, idempotency_key=run_key(schedule.id, slot),
-                max_attempts=template.max_attempts,
+                run_at=from_ms(run_id(schedule, slot).run_at_ms), priority=template.priority,
+                idempotency_key=run_key(schedule.id, slot), max_attempts=template.max_attempts,
             )
             for slot in slots
         ]

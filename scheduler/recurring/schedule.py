@@ -28,6 +28,7 @@ from scheduler.recurring.cron import NEVER_MS, CronRule
 
 MAX_NAME_CHARS = 200
 MAX_JITTER_S = 24 * 3600
+MAX_GRACE_S = 366 * 24 * 3600
 """Jitter spreads runs within their period; more than a day is a mistake."""
 DEFAULT_GRACE_S = 60
 
@@ -139,8 +140,9 @@ def new_schedule(
         raise InvalidSchedule(f"a schedule name is at most {MAX_NAME_CHARS} characters, got {len(name)}")
     rule = CronRule(cron, zone)
     policy = MisfirePolicy.parse(misfire)
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int) or grace_s < 0:
-        raise InvalidSchedule(f"the grace window is a whole number of seconds, 0 or more, got {grace_s!r}")
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int) or not 0 <= grace_s <= MAX_GRACE_S:
+        raise InvalidSchedule(
+            f"the grace window is a whole number of seconds from 0 to {MAX_GRACE_S} (366 days), got {grace_s!r}")
     if isinstance(jitter_s, bool) or not isinstance(jitter_s, int) or not 0 <= jitter_s <= MAX_JITTER_S:
         raise InvalidSchedule(
             f"jitter is a whole number of seconds from 0 to {MAX_JITTER_S}, got {jitter_s!r}"

@@ -1,9 +1,10 @@
 """Recurring schedules on the real Cassandra, Kafka and ZooKeeper: `scheduler schema
 apply` adds the schedules table to a keyspace made before it; two creators racing on
 Cassandra's lightweight transactions make one task per slot; and, with real dispatcher
-processes, a `* * * * *` schedule added through the CLI fires each of its next two
-minute boundaries exactly once, across a kill -9 of the dispatcher that held the
-schedule's shard."""
+processes, a `* * * * *` schedule added through the CLI has exactly one task for each
+of its next two minute boundaries, fired and never early, across a kill -9 of the
+dispatcher that held the schedule's shard. (A message may be repeated while a shard
+changes hands, as for any task; the task is one.)"""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from tests.cluster import Cluster, unique_name
 from tests.dispatchers import Deployment, by_id
 from tests.support import all_at_once, run_cli, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(330)]
 
 MINUTE_MS = 60_000
 
@@ -140,7 +141,7 @@ def test_a_minutely_schedule_fires_each_slot_once_across_a_dispatcher_kill(deplo
     schedule = schedules.get(schedule_id("college", "every-minute"))
     assert schedule is not None
     first, second = schedule.next_slot_ms, schedule.next_slot_ms + MINUTE_MS
-    assert first % MINUTE_MS == 0 and first > deployment.now_ms() - 5_000
+    assert first % MINUTE_MS == 0 and first == schedule.rule.next_slot(schedule.created_ms)
 
     fleet.wait_for_split({survivor.name: 64}, timeout_s=30)
     published = deployment.ready.wait_for({run_id(schedule, first), run_id(schedule, second)}, timeout_s=150)
@@ -151,6 +152,7 @@ def test_a_minutely_schedule_fires_each_slot_once_across_a_dispatcher_kill(deplo
         stored = deployment.store.get(run_id(schedule, slot))
         assert stored is not None and stored.task.type == "ping" and stored.task.tenant == "college"
     assert survivor.stats()["stats"]["schedule_passes"] > 0
+    assert {task_id for task_id, _ in by_id(published)} == {run_id(schedule, first), run_id(schedule, second)}
     for task_id, messages in by_id(published):
         assert task_id.run_at_ms % MINUTE_MS == 0  # only the schedule's runs were published, on slots
         assert min(m.at_ms for m in messages) >= task_id.run_at_ms  # never early

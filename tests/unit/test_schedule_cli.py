@@ -4,6 +4,7 @@ refused with exit 2 before anything is written, and `preview` across DST changes
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,40 @@ def test_preview_of_a_stored_schedule_starts_at_its_next_slot(tmp_path: Path) ->
 ])
 def test_preview_refuses_incomplete_or_bad_input(tmp_path: Path, args: tuple[str, ...]) -> None:
     assert run(tmp_path / "tasks.db", *args).exit_code == Exit.USAGE
+
+
+def test_delete_cancels_the_runs_already_created_ahead(tmp_path: Path) -> None:
+    from scheduler.adapters.embedded.schedules import SqliteScheduleStore
+    from scheduler.adapters.embedded.store import SqliteTaskStore
+    from scheduler.ports import TaskStatus
+    from scheduler.producer import Client
+    from scheduler.recurring.runner import ScheduleRunner, runs_ahead
+    from scheduler.recurring.schedule import schedule_id
+
+    db = tmp_path / "tasks.db"
+    added = run(db, "add", "minutely", "--tenant", "college", "--cron", "* * * * *", "--zone", "UTC",
+                "--type", "ping")
+    assert added.exit_code == Exit.OK, added.output
+    tasks, schedules = SqliteTaskStore(db), SqliteScheduleStore(db)
+    try:
+        found = schedules.get(schedule_id("college", "minutely"))
+        assert found is not None
+        # A pass as if a minute past the first slot: runs up to ~2.5 minutes ahead of now.
+        ScheduleRunner(schedules, Client(tasks, handoff=None), clock=lambda: found.next_slot_ms + 60_000).run_shard(
+            found.shard(64), token=1)
+        advanced = schedules.get(found.id)
+        assert advanced is not None
+    finally:
+        schedules.close()
+        tasks.close()
+    # The runs due well after the delete starts (whatever the clock reads by then) must be cancelled.
+    ahead = runs_ahead(advanced, time.time_ns() // 1_000_000 + 10_000)
+    assert len(ahead) >= 1
+    deleted = run(db, "delete", "minutely", "--tenant", "college")
+    assert deleted.exit_code == Exit.OK, deleted.output
+    assert "run(s) created ahead cancelled" in deleted.output
+    tasks = SqliteTaskStore(db)
+    try:
+        assert {tasks.get(task_id).status for task_id in ahead} == {TaskStatus.CANCELLED}  # type: ignore[union-attr]
+    finally:
+        tasks.close()

@@ -271,3 +271,47 @@ def test_an_interval_schedule_walked_across_fall_back_runs_by_elapsed_time(rig: 
     assert local_runs(rig, "America/New_York") == [
         "2026-11-01T00:30:00-04:00", "2026-11-01T01:00:00-04:00", "2026-11-01T01:30:00-04:00",
         "2026-11-01T01:00:00-05:00", "2026-11-01T01:30:00-05:00", "2026-11-01T02:00:00-05:00"]
+
+
+def test_an_outage_under_all_is_caught_up_one_batch_a_pass_and_a_lost_lease_stops_it(rig: Rig) -> None:
+    schedule = rig.add("minutely", cron="* * * * *", misfire="all")
+    rig.clock.now_ms += 250 * MINUTE_MS  # ~250 slots missed
+    runner = rig.runner()
+    asked: list[bool] = []
+
+    def owner_once() -> bool:
+        asked.append(True)
+        return len(asked) == 1
+
+    first = runner.run_shard(schedule.shard(64), token=1, still_owner=owner_once)
+    assert (first.created, first.advanced) == (runner.limit, 1)  # one batch, then the next pass
+    second = runner.run_shard(schedule.shard(64), token=1, still_owner=owner_once)
+    assert second.created == 0  # no longer the owner: nothing more
+    passes = 0
+    while (stored := rig.schedules.get(schedule.id)) is not None and stored.next_slot_ms <= rig.clock.now_ms:
+        runner.run_shard(schedule.shard(64), token=1)
+        passes += 1
+        assert passes < 10
+    keys = [key for _, key in rig.runs()]
+    assert len(keys) == len(set(keys)) and len(keys) >= 250 and passes >= 2
+
+
+def test_deleting_a_schedule_cancels_its_runs_ahead_so_adding_it_again_runs_no_slot_twice(rig: Rig) -> None:
+    from scheduler.recurring.runner import run_id, runs_ahead
+
+    schedule = rig.add("hourly", jitter_s=30)
+    rig.clock.now_ms = utc_ms("2026-12-01T08:59")
+    rig.pass_()
+    slot = utc_ms("2026-12-01T09:00")
+    (ahead,) = runs_ahead(rig.schedules.get(schedule.id) or schedule, rig.clock.now_ms)
+    assert ahead == run_id(schedule, slot)
+    assert rig.schedules.delete(schedule.id)
+    client = Client(rig.tasks, now_ms=rig.clock)
+    client.cancel(ahead, "college")
+    again = rig.add("hourly", jitter_s=600)  # another jitter: the 09:00 run gets another id
+    assert again.next_slot_ms == slot
+    rig.pass_()
+    fresh = run_id(again, slot)
+    assert fresh != ahead
+    statuses = {task_id: stored.status for task_id in (ahead, fresh) if (stored := rig.tasks.get(task_id))}
+    assert statuses == {ahead: TaskStatus.CANCELLED, fresh: TaskStatus.SCHEDULED}  # one live run for 09:00
