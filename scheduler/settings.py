@@ -181,6 +181,21 @@ class ZooKeeperSettings:
         return cls(**values)  # type: ignore[arg-type]
 
 
+def environment(cassandra: CassandraSettings, kafka: KafkaSettings, zookeeper: ZooKeeperSettings) -> dict[str, str]:
+    """The `SCHEDULER_*` variables that make a `scheduler` process started with them find
+    these servers, keyspace, topics and ZooKeeper root."""
+    return {
+        "SCHEDULER_CASSANDRA_HOSTS": ",".join(cassandra.hosts),
+        "SCHEDULER_CASSANDRA_PORT": str(cassandra.port),
+        "SCHEDULER_KEYSPACE": cassandra.keyspace,
+        "SCHEDULER_SHARDS_TOTAL": str(cassandra.shard_count),
+        "SCHEDULER_KAFKA_BOOTSTRAP": kafka.bootstrap,
+        "SCHEDULER_TOPIC_PREFIX": kafka.topic_prefix,
+        "SCHEDULER_ZOOKEEPER_HOSTS": zookeeper.hosts,
+        "SCHEDULER_ZOOKEEPER_ROOT": zookeeper.root,
+    }
+
+
 def split_hosts(text: str) -> tuple[str, ...]:
     hosts = tuple(part.strip() for part in text.split(",") if part.strip())
     if not hosts:

@@ -39,7 +39,7 @@ from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
 from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
 from scheduler.errors import SchedulerError, StoreUnavailable
-from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
+from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings, environment
 
 from .common import KAFKA_LOG, BenchFailure, echo, now_ms
 from .proc import cpu_seconds, rss_bytes
@@ -80,18 +80,8 @@ class Deployment:
 
     def env(self) -> dict[str, str]:
         """The variables a dispatcher process reads to find this deployment."""
-        return {
-            "SCHEDULER_BACKEND": "cassandra",
-            "SCHEDULER_CASSANDRA_HOSTS": ",".join(self.cassandra.hosts),
-            "SCHEDULER_CASSANDRA_PORT": str(self.cassandra.port),
-            "SCHEDULER_KEYSPACE": self.cassandra.keyspace,
-            "SCHEDULER_SHARDS_TOTAL": str(self.cassandra.shard_count),
-            "SCHEDULER_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
-            "SCHEDULER_TOPIC_PREFIX": self.kafka.topic_prefix,
-            "SCHEDULER_ZOOKEEPER_HOSTS": self.zookeeper.hosts,
-            "SCHEDULER_ZOOKEEPER_ROOT": self.zookeeper.root,
-            "SCHEDULER_LEASE_TIMEOUT_S": str(LEASE_TIMEOUT_S),
-        }
+        return {"SCHEDULER_BACKEND": "cassandra", **environment(self.cassandra, self.kafka, self.zookeeper),
+                "SCHEDULER_LEASE_TIMEOUT_S": str(LEASE_TIMEOUT_S)}
 
     def create(self, connection: CassandraConnection, cleanup: list[Callable[[], None]], keep: bool) -> None:
         """Keyspace, topics (ready topics stamped `LogAppendTime`), ceiling topic; each

@@ -8,7 +8,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
+from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings, environment
 
 LEASE_TIMEOUT_S = 5.0
 
@@ -28,16 +28,7 @@ class LocalDeployment:
 
     def env(self) -> dict[str, str]:
         """What the demo's processes read to find this deployment."""
-        return {
-            "SCHEDULER_CASSANDRA_HOSTS": ",".join(self.cassandra.hosts),
-            "SCHEDULER_CASSANDRA_PORT": str(self.cassandra.port),
-            "SCHEDULER_KEYSPACE": self.cassandra.keyspace,
-            "SCHEDULER_SHARDS_TOTAL": str(self.cassandra.shard_count),
-            "SCHEDULER_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
-            "SCHEDULER_TOPIC_PREFIX": self.kafka.topic_prefix,
-            "SCHEDULER_ZOOKEEPER_HOSTS": self.zookeeper.hosts,
-            "SCHEDULER_ZOOKEEPER_ROOT": self.zookeeper.root,
-        }
+        return environment(self.cassandra, self.kafka, self.zookeeper)
 
     def create(self) -> None:
         """The keyspace and tables, and the topics (so workers can join before the

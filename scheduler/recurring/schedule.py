@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import logging
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mmh3
 import msgpack
@@ -162,3 +164,21 @@ def new_schedule(
         template=TaskTemplate(type, encoded, parsed_priority, max_attempts),
         misfire=policy, grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=first, created_ms=now_ms,
     )
+
+
+R = TypeVar("R", bound=Sequence[Any])
+
+
+def readable(rows: Iterable[R], parse: Callable[[R], Schedule], log: logging.Logger) -> list[Schedule]:
+    """The stored rows parsed as schedules, leaving out (and logging) any this version
+    cannot read, so one bad row (e.g. written by a newer version) does not stop the
+    others. A row starts with (tenant, name)."""
+    found = []
+    for row in rows:
+        try:
+            found.append(parse(row))
+        except (ValueError, TypeError, KeyError, InvalidSchedule) as exc:
+            tenant, name = row[0], row[1]
+            log.error("skipping schedule %r of tenant %r: its row cannot be read (%s: %s)", name, tenant,
+                      type(exc).__name__, exc, extra={"action": "schedule_unreadable"})
+    return found

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +30,10 @@ from cassandra.cluster import NoHostAvailable
 from cassandra.query import PreparedStatement
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column
-from scheduler.errors import InvalidSchedule, StoreError, StoreUnavailable
+from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.model import Priority
 from scheduler.ports import AdvanceOutcome
-from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, schedule_shard
+from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, readable, schedule_shard
 from scheduler.settings import check_keyspace
 
 if TYPE_CHECKING:
@@ -116,7 +115,7 @@ class CassandraScheduleStore:
 
     def list_shard(self, shard: int) -> list[Schedule]:
         rows = self._run("list_shard", (shard,))
-        return _readable(row for row in rows if row[0] is not None)  # a fence alone is no schedule
+        return readable((row for row in rows if row[0] is not None), _schedule, log)  # a fence alone is no schedule
 
     def list_all(self, tenant: str | None = None) -> list[Schedule]:
         found = [s for shard in range(self._shard_count) for s in self.list_shard(shard)]
@@ -176,15 +175,3 @@ def _schedule(row: Any) -> Schedule:
         created_ms=_ms(created_at), paused=bool(paused),
     )
 
-
-def _readable(rows: Iterable[Any]) -> list[Schedule]:
-    """The rows as schedules, leaving out (and logging) any this version cannot read,
-    so one bad row (e.g. written by a newer version) does not stop the others."""
-    found = []
-    for row in rows:
-        try:
-            found.append(_schedule(row))
-        except (ValueError, TypeError, KeyError, InvalidSchedule) as exc:
-            log.error("skipping schedule %r of tenant %r: its row cannot be read (%s: %s)", row[1], row[0],
-                      type(exc).__name__, exc, extra={"action": "schedule_unreadable"})
-    return found

@@ -14,16 +14,16 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
-from scheduler.errors import InvalidSchedule, StoreError
+from scheduler.errors import StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Priority, check_shard_count
 from scheduler.ports import AdvanceOutcome
-from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, schedule_shard
+from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, readable, schedule_shard
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS schedules (
@@ -115,14 +115,14 @@ class SqliteScheduleStore:
 
     def list_shard(self, shard: int) -> list[Schedule]:
         rows = self._read(f"SELECT {_COLUMNS} FROM schedules WHERE shard = ? ORDER BY schedule_id", (shard,))
-        return _readable(rows)
+        return readable(rows, _schedule, log)
 
     def list_all(self, tenant: str | None = None) -> list[Schedule]:
         if tenant is None:
             rows = self._read(f"SELECT {_COLUMNS} FROM schedules", ())
         else:
             rows = self._read(f"SELECT {_COLUMNS} FROM schedules WHERE tenant = ?", (tenant,))
-        return sorted(_readable(rows), key=lambda s: (s.tenant, s.name))
+        return sorted(readable(rows, _schedule, log), key=lambda s: (s.tenant, s.name))
 
     def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
         shard, key = self._key(schedule.id)
@@ -175,15 +175,3 @@ def _schedule(row: Sequence[Any]) -> Schedule:
         created_ms=created_ms, paused=bool(paused),
     )
 
-
-def _readable(rows: Iterable[Any]) -> list[Schedule]:
-    """The rows as schedules, leaving out (and logging) any this version cannot read,
-    so one bad row (e.g. written by a newer version) does not stop the others."""
-    found = []
-    for row in rows:
-        try:
-            found.append(_schedule(row))
-        except (ValueError, TypeError, KeyError, InvalidSchedule) as exc:
-            log.error("skipping schedule %r of tenant %r: its row cannot be read (%s: %s)", row[1], row[0],
-                      type(exc).__name__, exc, extra={"action": "schedule_unreadable"})
-    return found
