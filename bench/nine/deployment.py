@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self
 
-from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     AlterConfigOpType,
@@ -33,12 +32,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
     ResourceType,
 )
-from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra import schema
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
-from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
-from scheduler.errors import SchedulerError, StoreUnavailable
+from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.kafka.topics import ensure_topics
+from scheduler.adapters.teardown import remove_deployment
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings, environment
 
 from .common import KAFKA_LOG, BenchFailure, echo, now_ms
@@ -47,8 +45,6 @@ from .settings import LEASE_TIMEOUT_S, READY_PARTITIONS, SHARDS, STOP_TIMEOUT_S
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 """The repository root: processes run from here, so `--app bench.worker_app:app` imports."""
-CLEANUP_ERRORS: tuple[type[Exception], ...] = (*DRIVER_ERRORS, StoreUnavailable)
-WORKER_POOLS = ("default", "long")
 
 
 # The deployment: a keyspace, topics and a ZooKeeper root of the bench's own.
@@ -87,11 +83,8 @@ class Deployment:
         """Keyspace, topics (ready topics stamped `LogAppendTime`), ceiling topic; each
         registered for removal unless `keep`."""
         if not keep:
-            cleanup.append(self.drop_zookeeper_root)
-            cleanup.append(lambda: self.drop_keyspace(connection))
+            cleanup.append(self.remove)
         schema.apply(connection, self.cassandra)
-        if not keep:
-            cleanup.append(self.drop_topics)
         ensure_topics(self.kafka, shard_count=SHARDS, ready_partitions=READY_PARTITIONS)
         admin = self.admin()
         created = admin.create_topics([NewTopic(self.ceiling_topic, num_partitions=READY_PARTITIONS,
@@ -110,49 +103,11 @@ class Deployment:
         config: dict[str, Any] = {"bootstrap.servers": self.kafka.bootstrap, "logger": KAFKA_LOG}
         return AdminClient(config)
 
-    def drop_keyspace(self, connection: CassandraConnection) -> None:
-        """Drop the keyspace; once more on a new connection if the first one broke (a
-        server restarted under the run)."""
-        statement = f"DROP KEYSPACE IF EXISTS {self.cassandra.keyspace}"
-        try:
-            connection.session.execute(statement, timeout=120)
-            return
-        except DRIVER_ERRORS:
-            pass
-        try:
-            with connect(self.cassandra) as again:
-                again.session.execute(statement, timeout=120)
-        except CLEANUP_ERRORS as exc:
-            echo(f"warning: could not drop keyspace {self.cassandra.keyspace}: {exc}")
-
-    def drop_topics(self) -> None:
-        """The topics, the dispatchers' group (`delete_topics`) and the worker pools' groups."""
-        try:
-            delete_topics(self.kafka)
-            admin = self.admin()
-            for future in admin.delete_topics([self.ceiling_topic], operation_timeout=30).values():
-                future.result(timeout=60)
-            groups = [self.kafka.worker_group(pool) for pool in WORKER_POOLS]
-            for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
-                try:
-                    future.result(timeout=60)
-                except KafkaException as exc:
-                    if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-                        raise
-        except (SchedulerError, KafkaException) as exc:
-            echo(f"warning: could not delete the topics {self.kafka.topic_prefix}.*: {exc}")
-
-    def drop_zookeeper_root(self) -> None:
-        client = KazooClient(hosts=self.zookeeper.hosts, timeout=10)
-        try:
-            client.start(timeout=15)
-            if client.exists(self.zookeeper.root):
-                client.delete(self.zookeeper.root, recursive=True)
-        except Exception as exc:  # kazoo raises many unrelated types; this is cleanup
-            echo(f"warning: could not delete the ZooKeeper root {self.zookeeper.root}: {exc}")
-        finally:
-            client.stop()
-            client.close()
+    def remove(self) -> None:
+        """The keyspace, the topics (the ceiling's too), the groups and the ZooKeeper
+        root; what cannot be removed is a warning, and the rest of the cleanup goes on."""
+        for warning in remove_deployment(self.cassandra, self.kafka, self.zookeeper, (self.ceiling_topic,)):
+            echo(f"warning: {warning}")
 
 
 # The scheduler processes: dispatchers here, workers in `workers.py`.

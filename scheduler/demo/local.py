@@ -44,40 +44,6 @@ class LocalDeployment:
     def remove(self) -> list[str]:
         """Drop the keyspace, the topics and groups, the ZooKeeper root; the warnings of
         whatever could not be removed (removal goes on past a failure)."""
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-        from kazoo.client import KazooClient
+        from scheduler.adapters.teardown import remove_deployment
 
-        from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, connect
-        from scheduler.adapters.kafka.topics import delete_topics
-        from scheduler.errors import SchedulerError
-
-        warnings = []
-        cassandra_errors: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, SchedulerError)
-        try:
-            with connect(self.cassandra) as connection:
-                connection.session.execute(f"DROP KEYSPACE IF EXISTS {self.cassandra.keyspace}", timeout=120)
-        except cassandra_errors as exc:
-            warnings.append(f"could not drop keyspace {self.cassandra.keyspace}: {exc}")
-        try:
-            delete_topics(self.kafka)
-            admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap})
-            groups = [self.kafka.worker_group(pool) for pool in ("default", "long")]
-            for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
-                try:
-                    future.result(timeout=60)
-                except KafkaException:
-                    pass  # a pool no worker ran has no group
-        except (SchedulerError, KafkaException) as exc:
-            warnings.append(f"could not delete topics {self.kafka.topic_prefix}.*: {exc}")
-        client = KazooClient(hosts=self.zookeeper.hosts, timeout=10)
-        try:
-            client.start(timeout=15)
-            if client.exists(self.zookeeper.root):
-                client.delete(self.zookeeper.root, recursive=True)
-        except Exception as exc:  # kazoo raises many unrelated types; this is cleanup
-            warnings.append(f"could not delete the ZooKeeper root {self.zookeeper.root}: {exc}")
-        finally:
-            client.stop()
-            client.close()
-        return warnings
+        return remove_deployment(self.cassandra, self.kafka, self.zookeeper)

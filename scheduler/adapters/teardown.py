@@ -1,0 +1,57 @@
+"""Removing a deployment of the distributed backend: its keyspace, its topics and
+consumer groups, its ZooKeeper root. For the demo and the benches, which make one of
+their own per run; every step is tried whatever the others did."""
+
+from __future__ import annotations
+
+from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+WORKER_POOLS = ("default", "long")
+
+
+def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookeeper: ZooKeeperSettings,
+                      extra_topics: tuple[str, ...] = ()) -> list[str]:
+    """Drop the keyspace, delete the topics (and `extra_topics`), the dispatchers' and
+    the worker pools' groups, and the ZooKeeper root; the warnings of whatever could not
+    be removed."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+    from kazoo.client import KazooClient
+
+    from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, connect
+    from scheduler.adapters.kafka.topics import delete_topics
+    from scheduler.errors import SchedulerError
+
+    warnings = []
+    cassandra_errors: tuple[type[BaseException], ...] = (*DRIVER_ERRORS, SchedulerError)
+    try:
+        with connect(cassandra) as connection:
+            connection.session.execute(f"DROP KEYSPACE IF EXISTS {cassandra.keyspace}", timeout=120)
+    except cassandra_errors as exc:
+        warnings.append(f"could not drop keyspace {cassandra.keyspace}: {exc}")
+    try:
+        delete_topics(kafka)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        if extra_topics:
+            for future in admin.delete_topics(list(extra_topics), operation_timeout=30).values():
+                future.result(timeout=60)
+        groups = [kafka.worker_group(pool) for pool in WORKER_POOLS]
+        for future in admin.delete_consumer_groups(groups, request_timeout=30).values():
+            try:
+                future.result(timeout=60)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # a pool no worker ran has no group
+                    raise
+    except (SchedulerError, KafkaException) as exc:
+        warnings.append(f"could not delete the topics {kafka.topic_prefix}.*: {exc}")
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    try:
+        client.start(timeout=15)
+        if client.exists(zookeeper.root):
+            client.delete(zookeeper.root, recursive=True)
+    except Exception as exc:  # kazoo raises many unrelated types; this is cleanup
+        warnings.append(f"could not delete the ZooKeeper root {zookeeper.root}: {exc}")
+    finally:
+        client.stop()
+        client.close()
+    return warnings
