@@ -58,6 +58,15 @@ def local_status() -> Status:
     return status
 
 
+def cluster_env(cluster: Cluster) -> dict[str, str]:
+    """This process's environment, pointed at `cluster`: for the `scheduler` commands and
+    benches a test starts."""
+    return {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
+            "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
+            "SCHEDULER_KAFKA_BOOTSTRAP": cluster.kafka.bootstrap,
+            "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts}
+
+
 def all_up(status: Status) -> bool:
     return all(status.get(server, {}).get("state") == "up" for server in SERVERS)
 

@@ -3,12 +3,15 @@ and hoping), running the `scheduler` command, and ZooKeeper sessions."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from kazoo.client import KazooClient
@@ -64,6 +67,34 @@ def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout_s: float =
         [sys.executable, "-c", "from scheduler.cli import main; main()", *args],
         capture_output=True, text=True, env=env, timeout=timeout_s,
     )
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this pid exists (ours or not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def run_script(script: Path, *args: str, env: Mapping[str, str] | None = None, timeout_s: float = 55,
+               stop_timeout_s: float = 60) -> tuple[int, str, str]:
+    """Run a bench script; if it overruns, SIGTERM it first (it stops what it started and
+    cleans up), and kill it only if that does not end it. Exit code, stdout, stderr."""
+    process = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+    return process.returncode, stdout, stderr
 
 
 @contextmanager

@@ -25,7 +25,8 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
-from tests.cluster import Cluster
+from tests.cluster import Cluster, cluster_env
+from tests.support import alive, run_script
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "nine_oclock.py"
 TASKS = 2000
@@ -33,29 +34,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_bench(env: dict[str, str], *args: str) -> tuple[int, str, str]:
-    """Run the bench; if it overruns, SIGTERM it first, so it stops its dispatchers and
-    cleans up, and kill it only if that does not end it."""
-    process = subprocess.Popen([sys.executable, str(BENCH), *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        stdout, stderr = process.communicate(timeout=260)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-    return process.returncode, stdout, stderr
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return run_script(BENCH, *args, env=env, timeout_s=260)
 
 
 @pytest.mark.timeout(60)
@@ -74,13 +53,6 @@ def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     alone = subprocess.run([sys.executable, str(BENCH), "--scenario", "failover", "--dispatchers", "1"],
                            capture_output=True, text=True, timeout=50)
     assert alone.returncode == 2 and "needs --dispatchers 2 or more" in alone.stderr
-
-
-def cluster_env(cluster: Cluster) -> dict[str, str]:
-    return {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
-            "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
-            "SCHEDULER_KAFKA_BOOTSTRAP": cluster.kafka.bootstrap,
-            "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts}
 
 
 @pytest.mark.integration

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,8 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
-from tests.cluster import Cluster
+from tests.cluster import Cluster, cluster_env
+from tests.support import alive, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 THROUGHPUT = ROOT / "bench" / "worker_throughput.py"
@@ -28,36 +28,7 @@ TASKS = 2000
 
 def run_bench(script: Path, *args: str, env: dict[str, str] | None = None,
               timeout_s: float = 55) -> tuple[int, str, str]:
-    """Run a bench; if it overruns, SIGTERM it first (it stops its workers and cleans
-    up), and kill it only if that does not end it."""
-    process = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-    return process.returncode, stdout, stderr
-
-
-def cluster_env(cluster: Cluster) -> dict[str, str]:
-    return {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
-            "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
-            "SCHEDULER_KAFKA_BOOTSTRAP": cluster.kafka.bootstrap,
-            "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts}
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return run_script(script, *args, env=env, timeout_s=timeout_s, stop_timeout_s=30)
 
 
 def check_throughput_document(document: dict[str, Any]) -> None:

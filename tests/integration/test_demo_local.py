@@ -4,7 +4,6 @@ ZooKeeper, with a keyspace, topics and ZooKeeper root of its own that it removes
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.cli import Exit
-from tests.cluster import Cluster
+from tests.cluster import Cluster, cluster_env
 from tests.embedded.test_demo import SMALL, check_small_story
 from tests.support import run_cli
 
@@ -25,10 +24,7 @@ pytestmark = pytest.mark.integration
 def test_the_demo_on_the_real_servers_delivers_everything_and_removes_what_it_made(
     cluster: Cluster, cassandra: CassandraConnection, zk_root: KazooClient, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": ",".join(cluster.cassandra.hosts),
-           "SCHEDULER_CASSANDRA_PORT": str(cluster.cassandra.port),
-           "SCHEDULER_KAFKA_BOOTSTRAP": cluster.kafka.bootstrap,
-           "SCHEDULER_ZOOKEEPER_HOSTS": cluster.zookeeper.hosts}
+    env = cluster_env(cluster)
     out = tmp_path / "summary.json"
     result = run_cli("demo", "--backend", "local", *SMALL, "--json", str(out), env=env, timeout_s=170)
     assert result.returncode == Exit.OK, result.stdout + result.stderr
