@@ -7,6 +7,7 @@ Failure to reach any contact point is a `StoreUnavailable` that names the addres
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -16,8 +17,9 @@ from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable, Session
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ErrorMessage
+from cassandra.query import PreparedStatement
 
-from scheduler.errors import StoreUnavailable
+from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.settings import CassandraSettings
 
 REQUEST_TIMEOUT_S = 30.0
@@ -76,6 +78,20 @@ def connect(settings: CassandraSettings) -> CassandraConnection:
             "SCHEDULER_CASSANDRA_PORT."
         ) from exc
     return CassandraConnection(cluster, session)
+
+
+def prepare_for_table(session: Session, queries: Mapping[str, str], keyspace: str, what: str,
+                      table: str) -> dict[str, PreparedStatement]:
+    """`queries` (with `{keyspace}` in them) prepared by name; `StoreError` naming `what`
+    if the server refuses, with the likely cause: a keyspace made before `table` was
+    added to the schema."""
+    try:
+        return {name: session.prepare(text.format(keyspace=keyspace)) for name, text in queries.items()}
+    except DRIVER_ERRORS as exc:
+        raise StoreError(
+            f"cannot prepare the {what}'s statements in keyspace {keyspace!r} ({type(exc).__name__}: {exc}); "
+            f"has `scheduler schema apply` been run for it since the {table} table was added?"
+        ) from exc
 
 
 def answer_column(result: Any, name: str) -> Any:

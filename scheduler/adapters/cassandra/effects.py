@@ -56,9 +56,14 @@ from typing import TYPE_CHECKING, Any
 
 from cassandra import OperationTimedOut, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
-from cassandra.query import PreparedStatement
 
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
+from scheduler.adapters.cassandra.connection import (
+    DRIVER_ERRORS,
+    CassandraConnection,
+    answer_column,
+    connect,
+    prepare_for_table,
+)
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.ports import EffectClaim
 from scheduler.settings import CassandraSettings, check_keyspace
@@ -109,15 +114,7 @@ class CassandraEffectLedger:
         self._session = connection.session
         self._owns_connection = owns_connection
         self.keyspace = keyspace
-        try:
-            self._q: dict[str, PreparedStatement] = {
-                name: self._session.prepare(text.format(keyspace=keyspace)) for name, text in _QUERIES.items()
-            }
-        except DRIVER_ERRORS as exc:
-            raise StoreError(
-                f"cannot prepare the effect ledger's statements in keyspace {keyspace!r} ({_describe(exc)}); "
-                "has `scheduler schema apply` been run for it since the effects table was added?"
-            ) from exc
+        self._q = prepare_for_table(self._session, _QUERIES, keyspace, "effect ledger", "effects")
 
     @classmethod
     def for_store(cls, store: CassandraTaskStore, *, retention_s: float = DEFAULT_RETENTION_S) -> CassandraEffectLedger:

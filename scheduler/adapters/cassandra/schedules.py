@@ -27,9 +27,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from cassandra.cluster import NoHostAvailable
-from cassandra.query import PreparedStatement
 
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, prepare_for_table
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.model import Priority
 from scheduler.ports import AdvanceOutcome
@@ -69,15 +68,7 @@ class CassandraScheduleStore:
         self._session = connection.session
         self._shard_count = shard_count
         self.keyspace = keyspace
-        try:
-            self._q: dict[str, PreparedStatement] = {
-                name: self._session.prepare(text.format(keyspace=keyspace)) for name, text in _QUERIES.items()
-            }
-        except DRIVER_ERRORS as exc:
-            raise StoreError(
-                f"cannot prepare the schedule store's statements in keyspace {keyspace!r} ({type(exc).__name__}: "
-                f"{exc}); has `scheduler schema apply` been run for it since the schedules table was added?"
-            ) from exc
+        self._q = prepare_for_table(self._session, _QUERIES, keyspace, "schedule store", "schedules")
 
     @classmethod
     def for_store(cls, store: CassandraTaskStore) -> CassandraScheduleStore:

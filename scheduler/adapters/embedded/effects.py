@@ -31,11 +31,11 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
-from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
+from scheduler.adapters.embedded.sqlite import create_tables, immediate, locked_transaction, open_db
 from scheduler.errors import StoreError
 from scheduler.ports import EffectClaim
 
@@ -94,14 +94,8 @@ class SqliteEffectLedger:
             raise StoreError(f"cannot open the effect ledger at {path}: {exc}") from exc
         self.path = str(path)
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                with immediate(self._db) as transaction:
-                    yield transaction
-            except sqlite3.Error as exc:
-                raise StoreError(f"effect ledger failed: {exc}") from exc
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return locked_transaction(self._lock, self._db, "effect ledger")
 
     def claim(self, scope: str, key: str, owner: str, ttl_s: float) -> EffectClaim:
         _check_names(scope, key, owner)

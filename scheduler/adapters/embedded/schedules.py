@@ -14,12 +14,12 @@ import logging
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
+from scheduler.adapters.embedded.sqlite import create_tables, immediate, locked_transaction, open_db
 from scheduler.errors import StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Priority, check_shard_count
 from scheduler.ports import AdvanceOutcome
@@ -76,14 +76,8 @@ class SqliteScheduleStore:
     def shard_count(self) -> int:
         return self._shard_count
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            try:
-                with immediate(self._db) as transaction:
-                    yield transaction
-            except sqlite3.Error as exc:
-                raise StoreError(f"schedule store failed: {exc}") from exc
+    def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        return locked_transaction(self._lock, self._db, "schedule store")
 
     def _read(self, sql: str, parameters: Sequence[object]) -> list[Any]:
         with self._lock:

@@ -10,9 +10,12 @@ as `sqlite3.Error` for it to translate into its own.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from scheduler.errors import StoreError
 
 
 def open_db(path: str | Path, *, busy_timeout_s: float, pragmas: Iterable[str]) -> sqlite3.Connection:
@@ -49,3 +52,15 @@ def immediate(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             except sqlite3.Error:
                 pass  # the original failure is the one to report
         raise
+
+
+@contextmanager
+def locked_transaction(lock: threading.Lock, db: sqlite3.Connection, what: str) -> Iterator[sqlite3.Connection]:
+    """`immediate` on a connection shared by this process's threads (under `lock`), any
+    SQLite failure raised as `StoreError` naming `what`."""
+    with lock:
+        try:
+            with immediate(db) as transaction:
+                yield transaction
+        except sqlite3.Error as exc:
+            raise StoreError(f"{what} failed: {exc}") from exc
