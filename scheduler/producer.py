@@ -17,13 +17,13 @@ Without an idempotency key, every `submit` makes a new task with a fresh random 
 With `idempotency_key=k`, the task is `(tenant, k, run_at to the millisecond)`: its id
 is computed from exactly those three (`TaskId.for_key`), so a retried submit, from this
 process or any other, writes the same row again instead of a second task. The rewrite
-replaces type, payload, priority and max_attempts and keeps the status, so a retry never
-revives a cancelled or finished task. Because `run_at` is part of the identity, a keyed
-submit needs an explicit `run_at` taken from the caller's own data (for example
-`order.created_at + 15 minutes`); `delay=` is refused with a key, since each retry would
-compute another time and name another task. A keyed `run_at` in the past is kept as
-given, so that retries still agree, and such a task reaches the dispatcher through the
-hand-off.
+replaces type, payload, priority, max_attempts and cost and keeps the status, so a
+retry never revives a cancelled or finished task. Because `run_at` is part of the
+identity, a keyed submit needs an explicit `run_at` taken from the caller's own data
+(for example `order.created_at + 15 minutes`); `delay=` is refused with a key, since
+each retry would compute another time and name another task. A keyed `run_at` in the
+past is kept as given, so that retries still agree, and such a task reaches the
+dispatcher through the hand-off.
 
 Hand-off
 --------
@@ -54,6 +54,7 @@ from scheduler.model import (
     Priority,
     Task,
     TaskId,
+    check_cost,
     check_run_at_ms,
     encode_payload,
     to_ms,
@@ -93,6 +94,7 @@ class Submission:
     priority: str | Priority = Priority.NORMAL
     idempotency_key: str | None = None
     max_attempts: int | None = None
+    cost: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,7 @@ class Client:
         priority: str | Priority = Priority.NORMAL,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        cost: int = 1,
         now_ms: int | None = None,
     ) -> Task:
         """The task a `submit` with these arguments would store, or `InvalidTask` saying
@@ -243,6 +246,7 @@ class Client:
             max_attempts = self.default_max_attempts
         elif not valid_max_attempts(max_attempts):
             raise InvalidTask(f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts!r}")
+        check_cost(cost)
         if idempotency_key is None:
             task_id = TaskId.new(run_at_ms)
         elif isinstance(idempotency_key, str) and idempotency_key:
@@ -252,7 +256,7 @@ class Client:
             raise InvalidTask("an idempotency key, when given, must be a non-empty string")
         return Task.unchecked(
             task_id, tenant, type, encode_payload(payload, max_bytes=self.max_payload_bytes), run_at_ms, priority,
-            1, max_attempts, idempotency_key,
+            1, max_attempts, idempotency_key, cost,
         )
 
     # Writing.
@@ -268,8 +272,12 @@ class Client:
         priority: str | Priority = Priority.NORMAL,
         idempotency_key: str | None = None,
         max_attempts: int | None = None,
+        cost: int = 1,
     ) -> TaskId:
         """Store one task and return its id once the store acknowledged the write.
+
+        `cost` is how many units of the tenant's rate limit the task uses when it is
+        released (1 to `MAX_COST`): 500 for a task that sends 500 SMS.
 
         Raises `InvalidTask` (nothing written) for bad arguments and `StoreError` when
         the write was not acknowledged; the task may then exist or not, and retrying
@@ -278,7 +286,7 @@ class Client:
         """
         task = self.task(
             type, payload, tenant=tenant, run_at=run_at, delay=delay, priority=priority,
-            idempotency_key=idempotency_key, max_attempts=max_attempts,
+            idempotency_key=idempotency_key, max_attempts=max_attempts, cost=cost,
         )
         failures = self.store.insert([task])
         if failures:
@@ -352,6 +360,7 @@ class Client:
             return self.task(
                 item.type, item.payload, tenant=item.tenant, run_at=item.run_at, delay=item.delay,
                 priority=item.priority, idempotency_key=item.idempotency_key, max_attempts=item.max_attempts,
+                cost=item.cost,
             )
         if not isinstance(item, Mapping):
             raise InvalidTask(f"an item must be a Submission or a mapping, got {type(item).__name__}")

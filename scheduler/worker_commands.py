@@ -226,7 +226,8 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
             now = datetime.now(timezone.utc)  # explicit: a keyed task needs one, and it names the new task
             try:
                 new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
-                                       idempotency_key=task.idempotency_key, max_attempts=task.max_attempts)
+                                       idempotency_key=task.idempotency_key, max_attempts=task.max_attempts,
+                                       cost=task.cost)
                 publisher.publish(settings.kafka.dead_letter_topic, [encode_replayed(
                     Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
                 publisher.flush(30.0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
-from scheduler.model import BUCKET_MS, Partition, Priority, Task, TaskId, decode_payload
+from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
 from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
@@ -30,6 +30,39 @@ def test_an_inserted_task_is_readable_by_id_and_by_partition(store: TaskStore) -
 
     listed = list(store.read_partition(task.partition(store.shard_count)))
     assert [stored.task for stored in listed] == [task]
+
+
+def test_a_tasks_cost_is_stored_and_read_back_by_every_read(store: TaskStore) -> None:
+    costly = replace(make_task(NINE_OCLOCK_MS + 250, key="bulk-sms-1"), cost=500)
+    most = replace(make_task(NINE_OCLOCK_MS + 500), cost=MAX_COST)
+    plain = make_task(NINE_OCLOCK_MS + 750)
+    assert store.insert([costly, most, plain]) == []
+
+    found = store.get_many([costly.id, most.id, plain.id])
+    for task in (costly, most, plain):
+        stored = store.get(task.id)
+        assert stored is not None and stored.task == task
+        listed = {row.task.id: row.task for row in store.read_partition(task.partition(store.shard_count))}
+        assert listed[task.id] == task
+        assert found[task.id].task == task
+    assert [found[task.id].task.cost for task in (costly, most, plain)] == [500, MAX_COST, 1]
+
+
+def test_a_cost_is_replaced_by_a_new_insert_and_kept_by_retry_copies_and_fenced_writes(store: TaskStore) -> None:
+    task = replace(make_task(NINE_OCLOCK_MS + 250, key="bulk-sms-2"), cost=500)
+    store.insert([task])
+    retry = replace(task, run_at_ms=task.run_at_ms + 5000, attempt=2)  # what a worker stores for a retry
+    store.insert([retry])
+    assert {row.task.attempt: row.task.cost for row in store.read_partition(task.partition(store.shard_count))} \
+        == {1: 500, 2: 500}
+
+    store.insert([replace(task, cost=1)])  # the same task submitted again, now of cost 1
+    assert store.get(task.id).task.cost == 1  # type: ignore[union-attr]
+
+    next_minute = NINE_OCLOCK_MS + BUCKET_MS  # a partition of its own
+    fenced = [replace(each, cost=7) for each in in_partition(store.shard_count, next_minute, 6, 2)]
+    assert store.write_fenced(Partition(next_minute, 6), 3, fenced)
+    assert [row.task for row in store.read_partition(Partition(next_minute, 6))] == fenced
 
 
 def test_a_partition_reads_in_run_at_order_across_pages(store: TaskStore) -> None:
@@ -421,3 +454,30 @@ def test_an_embedded_store_made_before_errors_existed_gains_the_column_when_open
         assert store.get(task.id).error == "after the upgrade"  # type: ignore[union-attr]
     with closing(SqliteTaskStore(path)) as again:  # opening it again changes nothing
         assert again.get_many([task.id])[task.id].error == "after the upgrade"
+
+
+def test_an_embedded_store_made_before_costs_existed_gains_the_column_and_reads_old_rows_as_cost_1(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old_schema = SCHEMA.replace("    cost            INTEGER,\n", "")
+    assert old_schema != SCHEMA
+    old.executescript(old_schema)
+    task = make_task()
+    old.execute(  # a row as the store wrote it before tasks had a cost
+        "INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, attempt, "
+        "max_attempts, idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (task.minute_bucket, task.id.shard(64), task.run_at_ms, task.id.bytes, task.tenant, task.type,
+         task.priority.code, task.payload, task.attempt, task.max_attempts, task.idempotency_key),
+    )
+    old.commit()
+    old.close()
+    costly = replace(make_task(), cost=500)
+    with closing(SqliteTaskStore(path)) as store:
+        assert store.get(task.id).task == task  # type: ignore[union-attr]
+        assert store.get_many([task.id])[task.id].task.cost == 1
+        store.insert([costly])
+        assert store.get(costly.id).task.cost == 500  # type: ignore[union-attr]
+    with closing(SqliteTaskStore(path)) as again:  # opening it again changes nothing
+        assert [again.get(t.id).task.cost for t in (task, costly)] == [1, 500]  # type: ignore[union-attr]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
@@ -23,7 +24,7 @@ from tests.cluster import Cluster, unique_name
 from tests.support import run_cli
 from tests.tasks import make_task
 
-TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules"}
+TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits"}
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
@@ -188,6 +189,46 @@ def test_schema_apply_adds_the_error_column_to_a_keyspace_made_before_it(
         store.insert([task])
         store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, error="after the upgrade")])
         assert store.get(task.id).error == "after the upgrade"  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+
+def test_schema_apply_adds_the_cost_column_and_rows_written_before_it_cost_1(
+    cluster: Cluster, cassandra: CassandraConnection, spare_keyspace: str
+) -> None:
+    settings = CassandraSettings(hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=spare_keyspace)
+    old_text = schema.schema_text().replace("    cost            int,", "").replace(
+        "ALTER TABLE tasks_by_bucket ADD IF NOT EXISTS cost int;", ""
+    )
+    for statement in schema.render(spare_keyspace, settings.replication, old_text):
+        cassandra.session.execute(statement)
+    cassandra.session.execute(
+        f"INSERT INTO {spare_keyspace}.meta (name, value) VALUES ('shard_count', '64')"
+    )
+    assert "cost" not in columns_of(cassandra, spare_keyspace, "tasks_by_bucket")
+    with pytest.raises(StoreError, match="cannot prepare.*schema apply"):  # its statements name the column
+        CassandraTaskStore.open(settings)
+    task = make_task()
+    insert = cassandra.session.prepare(  # a row as the store wrote it before tasks had a cost
+        f"INSERT INTO {spare_keyspace}.tasks_by_bucket (minute_bucket, shard, run_at, task_id, tenant, type, "
+        "priority, payload, attempt, max_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    cassandra.session.execute(insert, (
+        task.minute_bucket, task.id.shard(64), task.run_at_ms, task.id.uuid, task.tenant, task.type,
+        task.priority.code, task.payload, task.attempt, task.max_attempts,
+    ))
+
+    schema.apply(cassandra, settings)
+    assert "cost" in columns_of(cassandra, spare_keyspace, "tasks_by_bucket")
+
+    costly = replace(make_task(), cost=500)
+    store = CassandraTaskStore.open(settings)
+    try:
+        assert store.get(task.id).task == task  # type: ignore[union-attr]
+        assert store.get_many([task.id])[task.id].task.cost == 1
+        assert [row.task.cost for row in store.read_partition(task.partition(64)) if row.task.id == task.id] == [1]
+        assert store.insert([costly]) == []
+        assert store.get(costly.id).task.cost == 500  # type: ignore[union-attr]
     finally:
         store.close()
 

@@ -4,6 +4,7 @@ driver binds."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import pytest
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement, Statement
@@ -20,7 +21,7 @@ from scheduler.adapters.cassandra.store import (
     status_write_timestamp_us,
 )
 from scheduler.errors import StoreError
-from scheduler.model import MAX_ATTEMPTS_LIMIT, Priority, TaskId, from_ms, minute_bucket
+from scheduler.model import MAX_ATTEMPTS_LIMIT, MAX_COST, Priority, TaskId, from_ms, minute_bucket
 from scheduler.ports import InsertFailure, StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
 from tests.tasks import NINE_OCLOCK_MS, make_task
@@ -33,11 +34,14 @@ def test_packed_rows_equal_the_drivers_binding(cassandra: CassandraConnection, k
         make_task(NINE_OCLOCK_MS + 1234, tenant="कॉलेज", key="order-१७", priority=Priority.LOW, payload={"a": [1, 2]},
                   attempt=3, max_attempts=7),
         make_task(NINE_OCLOCK_MS + 59_999, priority=Priority.HIGH),
+        replace(make_task(NINE_OCLOCK_MS + 17), cost=500),
+        replace(make_task(NINE_OCLOCK_MS + 18, key="k"), cost=MAX_COST),
     ):
         shard = task.id.shard(64)
         bound = insert.bind((
             task.minute_bucket, shard, task.run_at_ms, task.id.uuid, task.tenant, task.type, task.priority.code,
             task.payload, task.attempt, task.max_attempts, task.idempotency_key if task.idempotency_key else UNSET_VALUE,
+            task.cost,
         ))
         packed = rows.row_values(task, rows.partition_key(task.minute_bucket, shard))
         assert packed == bound.values

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, InvalidTask, InvalidTaskId
 from scheduler.model import (
     BUCKET_MS,
+    MAX_COST,
     MAX_PAYLOAD_BYTES,
     MESSAGE_ID_SLICE,
     MESSAGE_VERSION,
@@ -32,6 +33,7 @@ from scheduler.model import (
     encode_payload,
     from_ms,
     minute_bucket,
+    peek_release_fields,
     to_ms,
 )
 
@@ -228,11 +230,27 @@ def test_a_payload_over_the_limit_is_refused_and_one_at_it_accepted() -> None:
         ("priority", "urgent", "priority"),
         ("idempotency_key", "", "idempotency key"),
         ("run_at_ms", -5, "1970"),
+        ("cost", 0, "cost must be an integer from 1 to 1000000 .units of the tenant's rate limit"),
+        ("cost", MAX_COST + 1, "cost must be an integer from 1 to 1000000"),
+        ("cost", -500, "got -500"),
+        ("cost", True, "got True"),
+        ("cost", 2.0, "got 2.0"),
+        ("cost", "500", "got '500'"),
+        ("cost", None, "got None"),
     ],
 )
 def test_a_malformed_task_is_refused(field: str, value: Any, match: str) -> None:
     with pytest.raises(InvalidTask, match=match):
         make_task(**{field: value})
+
+
+def test_a_task_costs_1_unless_given_a_cost_up_to_the_limit() -> None:
+    assert make_task().cost == 1
+    assert make_task(cost=500).cost == 500
+    assert make_task(cost=MAX_COST).cost == MAX_COST
+    positional = Task(TaskId.new(5), "board", "sms", b"\x80", 5, Priority.LOW, 1, 3, "k")  # as before there was a cost
+    assert positional.cost == 1
+    assert Task.unchecked(positional.id, "board", "sms", b"\x80", 5, Priority.LOW, 1, 3, "k") == positional
 
 
 def test_priority_parse_names_the_choices() -> None:
@@ -257,16 +275,43 @@ def test_a_task_knows_its_partition() -> None:
     st.integers(0, 2**63 - 1),
     st.none() | names,
     st.binary(max_size=300),
+    st.just(1) | st.integers(1, MAX_COST),
 )
 def test_messages_round_trip(
-    ms: int, tenant: str, type_: str, priority: Priority, attempt: int, fence: int, key: str | None, payload: bytes
+    ms: int, tenant: str, type_: str, priority: Priority, attempt: int, fence: int, key: str | None, payload: bytes,
+    cost: int,
 ) -> None:
     task = Task(
         id=TaskId.new(ms), tenant=tenant, type=type_, payload=payload, run_at_ms=ms, priority=priority,
-        attempt=attempt, max_attempts=10, idempotency_key=key,
+        attempt=attempt, max_attempts=10, idempotency_key=key, cost=cost,
     )
     encoded = encode_message(task, fence)
     assert decode_message(encoded) == Message(task, fence)
+    assert encoded[MESSAGE_ID_SLICE] == task.id.bytes
+
+
+def _fields_before_costs(task: Task, fence: int) -> list[object]:
+    """The 11 fields of a message as they were before tasks had a cost."""
+    return [MESSAGE_VERSION, task.id.bytes, task.tenant, task.type, task.priority.code,
+            task.run_at_ms - task.id.run_at_ms, task.attempt, task.max_attempts, fence, task.idempotency_key,
+            task.payload]
+
+
+@pytest.mark.parametrize("key", [None, "order-17"])
+def test_a_message_of_cost_1_is_byte_for_byte_the_message_without_a_cost(key: str | None) -> None:
+    task = make_task(payload=b"p" * 40, idempotency_key=key, attempt=2, run_at=1_796_202_000_250)
+    retry = Task(task.id, task.tenant, task.type, task.payload, task.run_at_ms + 3000, attempt=2, idempotency_key=key)
+    for each in (task, retry):
+        assert encode_message(each, 77) == msgpack.packb(_fields_before_costs(each, 77), use_bin_type=True)
+
+
+@pytest.mark.parametrize(("cost", "extra_bytes"), [(2, 1), (127, 1), (128, 2), (500, 3), (65_536, 5), (MAX_COST, 5)])
+def test_a_cost_other_than_1_is_a_twelfth_field_after_the_payload(cost: int, extra_bytes: int) -> None:
+    task = make_task(cost=cost)
+    without = msgpack.packb(_fields_before_costs(task, 77), use_bin_type=True)
+    encoded = encode_message(task, 77)
+    assert msgpack.unpackb(encoded) == [*msgpack.unpackb(without), cost]
+    assert len(encoded) == len(without) + extra_bytes  # the array header stays one byte
     assert encoded[MESSAGE_ID_SLICE] == task.id.bytes
 
 
@@ -286,6 +331,8 @@ def test_a_message_costs_little_more_than_its_payload() -> None:
         (msgpack.packb([1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b""]), "invalid task"),
         (msgpack.packb([1, "str-id", "t", "sms", 1, 0, 1, 1, 7, None, b""]), "wrong types"),
         (msgpack.packb([1, TaskId.new(5).bytes, "t", "sms", 9, 5, 1, 1, 7, None, b""]), "priority"),
+        (msgpack.packb([1, TaskId.new(5).bytes, "t", "sms", 1, 0, 1, 1, 7, None, b"", 0]), "cost must be an integer"),
+        (msgpack.packb([1, TaskId.new(5).bytes, "t", "sms", 1, 0, 1, 1, 7, None, b"", 5, 5]), "13 fields"),
     ],
 )
 def test_garbage_is_an_invalid_message_never_a_crash(data: bytes, match: str) -> None:
@@ -361,16 +408,20 @@ def test_ids_made_by_many_threads_at_once_are_all_distinct() -> None:
     attempt=st.one_of(st.integers(-1, 102), st.booleans()),
     max_attempts=st.one_of(st.integers(0, 102), st.just("5")),
     key=st.one_of(st.none(), st.just(""), st.just("k"), st.just(7)),
+    cost=st.one_of(st.just("absent"), st.integers(-1, 3), st.integers(MAX_COST - 1, MAX_COST + 1), st.booleans(),
+                   st.just(2.0), st.none()),
 )
 def test_decoding_a_message_accepts_exactly_the_tasks_the_checked_constructor_accepts(
-    tenant: Any, type_: Any, priority: Any, run_at_delta: int, attempt: Any, max_attempts: Any, key: Any
+    tenant: Any, type_: Any, priority: Any, run_at_delta: int, attempt: Any, max_attempts: Any, key: Any, cost: Any
 ) -> None:
     task_id = TaskId.new(1_796_202_000_000)
-    raw = msgpack.packb([MESSAGE_VERSION, task_id.bytes, tenant, type_, priority, run_at_delta, attempt,
-                         max_attempts, 3, key, b"\x80"], use_bin_type=True)
+    fields = [MESSAGE_VERSION, task_id.bytes, tenant, type_, priority, run_at_delta, attempt, max_attempts, 3, key,
+              b"\x80"]
+    raw = msgpack.packb(fields if cost == "absent" else [*fields, cost], use_bin_type=True)
     try:
         expected: Task | None = Task(task_id, tenant, type_, b"\x80", task_id.run_at_ms + run_at_delta,
-                                     Priority.from_code(priority), attempt, max_attempts, key)
+                                     Priority.from_code(priority), attempt, max_attempts, key,
+                                     1 if cost == "absent" else cost)
     except InvalidTask:
         expected = None
     if expected is None:
@@ -378,3 +429,68 @@ def test_decoding_a_message_accepts_exactly_the_tasks_the_checked_constructor_ac
             decode_message(raw)
     else:
         assert decode_message(raw) == Message(expected, 3)
+
+
+# --- what a dispatcher reads before releasing a message -----------------------------------
+
+tenants = st.one_of(
+    st.text(min_size=1, max_size=31),  # up to 31 bytes of ASCII: a fixstr
+    st.text(st.characters(codec="utf-8"), min_size=11, max_size=100),  # often over 31 bytes: str8
+    st.text(min_size=256, max_size=300),  # over 255 bytes: str16
+    st.sampled_from(["कॉलेज-बोर्ड-परिणाम-२०२६", "board", "b" * 31, "b" * 32, "ü" * 16]),
+)
+
+
+@given(
+    tenant=tenants,
+    type_=names,
+    priority=st.sampled_from(list(Priority)),
+    cost=st.one_of(st.just(1), st.integers(1, 300), st.integers(1, MAX_COST)),
+    key=st.none() | names,
+    payload=st.one_of(st.binary(max_size=100), st.binary(min_size=250, max_size=70_000)),
+    attempt=st.integers(1, 10),
+    delay_ms=st.integers(0, 10**9),
+    fence=st.integers(0, 2**63 - 1),
+)
+def test_peeking_at_a_message_agrees_with_decoding_it(
+    tenant: str, type_: str, priority: Priority, cost: int, key: str | None, payload: bytes, attempt: int,
+    delay_ms: int, fence: int,
+) -> None:
+    task_id = TaskId.new(1_796_202_000_000)
+    task = Task(task_id, tenant, type_, payload, task_id.run_at_ms + (delay_ms if attempt > 1 else 0), priority,
+                attempt, 10, key, cost)
+    encoded = encode_message(task, fence)
+    decoded = decode_message(encoded).task
+    assert peek_release_fields(encoded) == (decoded.tenant, decoded.priority.code, decoded.cost)
+    assert peek_release_fields(encoded) == (tenant, priority.code, cost)
+
+
+@given(st.binary(max_size=200))
+def test_peeking_at_garbage_is_an_invalid_message_or_agrees_with_decoding(data: bytes) -> None:
+    try:
+        peeked = peek_release_fields(data)
+    except InvalidMessage:
+        return
+    try:
+        task = decode_message(data).task
+    except InvalidMessage:
+        return  # peeking checks only the three fields it reads
+    assert peeked == (task.tenant, task.priority.code, task.cost)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [1, b"x" * 16, "", "sms", 1, 0, 1, 1, 7, None, b""],  # no tenant
+        [1, b"x" * 16, "t", "sms", 3, 0, 1, 1, 7, None, b""],  # no such priority
+        [1, b"x" * 16, "t", "sms", True, 0, 1, 1, 7, None, b""],  # a bool for a priority code
+        [1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b"", 0],  # cost 0
+        [1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b"", True],  # a bool for a cost
+        [1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b"", MAX_COST + 1],
+        [1, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b"", 5, 5],  # 13 fields
+        [2, b"x" * 16, "t", "sms", 1, 0, 1, 1, 7, None, b""],  # another version
+    ],
+)
+def test_peeking_refuses_a_tenant_priority_or_cost_no_task_could_have(fields: list[object]) -> None:
+    with pytest.raises(InvalidMessage):
+        peek_release_fields(msgpack.packb(fields, use_bin_type=True))

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, StoreError
-from scheduler.model import MAX_PAYLOAD_BYTES, Partition, Priority, Task, TaskId, decode_payload, from_ms
+from scheduler.model import MAX_COST, MAX_PAYLOAD_BYTES, Partition, Priority, Task, TaskId, decode_payload, from_ms
 from scheduler.ports import CancelOutcome, InsertFailure, TaskStatus
 from scheduler.producer import FLUSH_MS, URGENT_FLUSH_MS, Client, Submission, SubmitReport
 from tests.tasks import NINE_OCLOCK_MS
@@ -83,6 +83,12 @@ def test_a_time_zone_run_at_is_the_same_instant() -> None:
         ({"idempotency_key": "order-1"}, InvalidTask, "needs an explicit run_at"),
         ({"idempotency_key": "order-1", "delay": 900}, InvalidTask, "needs an explicit run_at"),
         ({"max_attempts": 0}, InvalidTask, "max_attempts"),
+        ({"cost": 0}, InvalidTask, "cost must be an integer from 1 to 1000000 .units of the tenant's rate limit"),
+        ({"cost": MAX_COST + 1}, InvalidTask, "cost must be an integer from 1 to 1000000"),
+        ({"cost": True}, InvalidTask, "cost must be .*, got True"),
+        ({"cost": 500.0}, InvalidTask, "cost must be .*, got 500.0"),
+        ({"cost": "500"}, InvalidTask, "cost must be .*, got '500'"),
+        ({"cost": None}, InvalidTask, "cost must be .*, got None"),
     ],
 )
 def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(
@@ -93,6 +99,32 @@ def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(
     with pytest.raises(error, match=match):
         client.submit("sms", **arguments)
     assert store.count() == 0
+
+
+def test_a_cost_is_stored_with_the_task_and_1_when_none_is_given(client: Client) -> None:
+    costly = client.get(client.submit("sms", {"to": ["+9198"] * 500}, cost=500))
+    plain = client.get(client.submit("sms"))
+    assert costly is not None and plain is not None
+    assert (costly.task.cost, plain.task.cost) == (500, 1)
+    assert client.task("sms", cost=MAX_COST).cost == MAX_COST
+
+
+def test_submit_many_takes_a_cost_per_item_and_rejects_a_bad_one_alone(client: Client, store: SqliteTaskStore) -> None:
+    items: list[Any] = [
+        Submission(type="sms", cost=500),
+        {"type": "sms", "cost": 20},
+        {"type": "sms", "cost": 0},
+        Submission(type="sms", cost=MAX_COST + 1),
+        {"type": "sms", "cost": "20"},
+        {"type": "sms"},
+    ]
+    report = client.submit_many(items)
+    assert [error.index for error in report.rejected] == [2, 3, 4]
+    assert all("cost must be an integer from 1 to 1000000" in error.reason for error in report.rejected)
+    assert report.ids is not None
+    costs = [stored.task.cost for stored in map(client.get, filter(None, report.ids)) if stored]
+    assert costs == [500, 20, 1]
+    assert store.count() == 3
 
 
 def test_without_a_tenant_the_client_default_is_used_and_missing_both_is_refused(store: SqliteTaskStore) -> None:
@@ -225,6 +257,9 @@ class RecordingHandoff:
             raise ConnectionError("hand-off topic unreachable")
         self.cancelled_ids.append(task_id)
 
+    def completed(self, task_ids: Sequence[bytes]) -> None:
+        raise AssertionError("a producer finishes no attempt")
+
 
 def test_only_tasks_due_within_the_window_are_handed_off_after_they_are_stored(store: SqliteTaskStore) -> None:
     handoff = RecordingHandoff()
@@ -335,17 +370,19 @@ def test_progress_sees_a_report_even_for_an_empty_stream(client: Client) -> None
                        st.sampled_from(list(Priority))),
     key=st.one_of(st.none(), st.text(max_size=5), st.integers()),
     max_attempts=st.one_of(st.none(), st.integers(-2, 102), st.booleans()),
+    cost=st.one_of(st.integers(-2, 3), st.integers(MAX_COST - 1, MAX_COST + 1), st.booleans(),
+                   st.sampled_from([None, 2.0, "2"])),
     offset_ms=st.integers(-10**6, 10**9),
 )
 def test_the_producers_own_checks_agree_with_the_tasks(
-    type_: Any, tenant: Any, priority: Any, key: Any, max_attempts: Any, offset_ms: int
+    type_: Any, tenant: Any, priority: Any, key: Any, max_attempts: Any, cost: Any, offset_ms: int
 ) -> None:
     """`Client.task` builds tasks with `Task.unchecked`: whatever it accepts must pass
     `Task`'s own checks, field for field."""
     client = Client(SqliteTaskStore(":memory:"), now_ms=lambda: NOW_MS)
     try:
         task = client.task(type_, {"n": 1}, tenant=tenant, run_at=from_ms(NOW_MS + offset_ms), priority=priority,
-                           idempotency_key=key, max_attempts=max_attempts)
+                           idempotency_key=key, max_attempts=max_attempts, cost=cost)
     except InvalidTask:
         return
     fields = {name: getattr(task, name) for name in Task.__slots__}

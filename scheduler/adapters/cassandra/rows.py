@@ -3,7 +3,7 @@
 
 Why: on the submit path the driver's `PreparedStatement.bind` costs ~10 µs per row
 (a type lookup, a `ColDesc` tuple and a serialiser call per value), more than all the
-SDK's own work per task; `bench/ingest.py` profiles it. The row's eleven values have
+SDK's own work per task; `bench/ingest.py` profiles it. The row's twelve values have
 fixed types, so they are packed here with precompiled `struct`s in ~2 µs and added to
 the batch as already-bound values, exactly the bytes the driver would send. The same
 holds for status reports, written by a worker's settler thread one per task: the
@@ -44,6 +44,7 @@ INSERT_COLUMNS = (
     ("attempt", "int"),
     ("max_attempts", "int"),
     ("idempotency_key", "varchar"),
+    ("cost", "int"),
 )
 """The bound columns of `insert_task`, in order, with the CQL type each is packed as
 (the driver names `text` by its alias `varchar`)."""
@@ -98,12 +99,14 @@ def row_values(task: Task, key: tuple[bytes, bytes]) -> list[object]:
 
     A task without an idempotency key leaves that column unset rather than null: a
     bound null is a tombstone per row, which the dispatcher's reads would wade through.
+    The cost is always written, 1 included, so a task written again with a new cost
+    never keeps its old one.
     """
     idempotency_key = task.idempotency_key
     return [
         key[0], key[1], _INT64(task.run_at_ms), task.id.bytes, task.tenant.encode(), task.type.encode(),
         _TINY[task.priority.code], task.payload, _INT32(task.attempt), _INT32(task.max_attempts),
-        idempotency_key.encode() if idempotency_key is not None else UNSET_VALUE,
+        idempotency_key.encode() if idempotency_key is not None else UNSET_VALUE, _INT32(task.cost),
     ]
 
 

@@ -27,6 +27,9 @@ status tie on the timestamp; Cassandra then keeps the greater value, so of two e
 for one (attempt, status) the row keeps one of them, and an error over none. Errors are
 cut to `MAX_ERROR_CHARS` (see `bounded_error`).
 
+A task's cost is written with every insert; a row written before the column existed
+has none, which reads as cost 1.
+
 How it reads many tasks
 -----------------------
 `get_many` groups the ids by partition and sends one query per partition (and per
@@ -528,11 +531,11 @@ def _describe(exc: BaseException) -> str:
 
 def _stored_task(row: Sequence[Any]) -> StoredTask:
     (run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
-     error) = row
+     error, cost) = row
     task = Task(
         id=TaskId.from_uuid(task_uuid), tenant=tenant, type=type_, payload=payload,
         run_at_ms=to_ms(_utc(run_at)), priority=Priority.from_code(priority), attempt=attempt,
-        max_attempts=max_attempts, idempotency_key=key,
+        max_attempts=max_attempts, idempotency_key=key, cost=1 if cost is None else cost,
     )
     return StoredTask(
         task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error or None
@@ -547,8 +550,9 @@ def _home_row(task_id: TaskId, row: Sequence[Any]) -> StoredTask:
     """A `read_tasks` row of `task_id`'s home row, on `get_many`'s hot path: the id and
     `run_at` are the caller's, and the fields, checked when the task was inserted, are
     not checked again (about half the cost of building a row)."""
-    _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error = row
+    _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error, cost = row
     task = Task.unchecked(
-        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key
+        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key,
+        1 if cost is None else cost,
     )
     return StoredTask(task, _STATUSES[status], status_attempt or 0, error or None)

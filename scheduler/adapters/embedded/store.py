@@ -14,7 +14,9 @@ Within a process one connection is shared under a lock.
 Status reports carry an error (`last_error`), set in the same conditional update as
 the status, so it is replaced exactly when the status is; errors are cut to
 `MAX_ERROR_CHARS` (`bounded_error`, the same rule as the Cassandra store's). A file made
-before that column existed gets it when it is opened (`ALTER TABLE ... ADD COLUMN`).
+before that column existed gets it when it is opened (`ALTER TABLE ... ADD COLUMN`), and
+so does a file made before tasks had a `cost`; the rows it held have none, which reads
+as cost 1.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     status_attempt  INTEGER,
     status_rank     INTEGER,
     last_error      TEXT,
+    cost            INTEGER,
     PRIMARY KEY (minute_bucket, shard, run_at, task_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS partition_fences (
@@ -89,9 +92,9 @@ keeps the B-tree pages of a minute's 64 partitions in memory while a burst is wr
 which bench/ingest.py measured at 1.4x the inserts per second."""
 
 _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, " \
-           "status, status_attempt, last_error"
+           "status, status_attempt, last_error, cost"
 
-ADDED_COLUMNS = (("tasks", "last_error", "TEXT"),)
+ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"))
 """Columns added to a table after files were made without them: `(table, column, type)`."""
 
 GET_MANY_CHUNK = 200
@@ -102,11 +105,11 @@ MAX_ERROR_CHARS = 2000
 
 _UPSERT = """
 INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, attempt,
-                   max_attempts, idempotency_key)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   max_attempts, idempotency_key, cost)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET tenant = excluded.tenant, type = excluded.type, priority = excluded.priority,
     payload = excluded.payload, attempt = excluded.attempt, max_attempts = excluded.max_attempts,
-    idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key)
+    idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key), cost = excluded.cost
 """
 
 _HOME_ROW = "minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?"
@@ -118,7 +121,7 @@ WHERE {_HOME_ROW}
   AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
 """
 
-Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None, str | None]
+Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None, str | None, int | None]
 
 
 def bounded_error(error: str | None) -> str | None:
@@ -199,7 +202,7 @@ class SqliteTaskStore:
         return (
             minute_bucket(task.run_at_ms), task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes,
             task.tenant, task.type, task.priority.code, task.payload, task.attempt, task.max_attempts,
-            task.idempotency_key,
+            task.idempotency_key, task.cost,
         )
 
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
@@ -374,18 +377,20 @@ _STATUSES[None] = TaskStatus.SCHEDULED
 def _home_row(task_id: TaskId, row: Row) -> StoredTask:
     """A row of `task_id`'s home row, on `get_many`'s hot path: the id is the caller's,
     and the fields, checked when the task was inserted, are not checked again."""
-    _, _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error = row
+    _, _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error, cost = row
     task = Task.unchecked(
-        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key
+        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key,
+        1 if cost is None else cost,
     )
     return StoredTask(task, _STATUSES[status], status_attempt or 0, error)
 
 
 def _stored_task(row: Row) -> StoredTask:
     (run_at, id_bytes, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
-     error) = row
+     error, cost) = row
     task = Task(
         id=TaskId.from_bytes(id_bytes), tenant=tenant, type=type_, payload=payload, run_at_ms=run_at,
         priority=Priority.from_code(priority), attempt=attempt, max_attempts=max_attempts, idempotency_key=key,
+        cost=1 if cost is None else cost,
     )
     return StoredTask(task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error)
