@@ -23,7 +23,7 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
     assert len(tables) + len(altered) == len(statements) - 1
     assert {name.split(".")[0] for name in tables + altered} == {"results_day"}
     assert set(tables) == {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta",
-                           "results_day.effects", "results_day.schedules"}
+                           "results_day.effects", "results_day.schedules", "results_day.tenant_limits"}
     assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)
@@ -33,14 +33,23 @@ def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_ke
     statements = render("ks", NTS)
     (tasks,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.tasks_by_bucket ")]
     added = [s for s in statements if s.startswith("ALTER TABLE")]
-    assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text"]
+    assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text",
+                     "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int"]
     assert "last_error      text" in tasks
-    assert statements.index(added[0]) > statements.index(tasks)
+    assert "cost            int" in tasks
+    assert all(statements.index(each) > statements.index(tasks) for each in added)
 
 
 def test_the_effect_ledger_is_keyed_by_scope_and_effect_key() -> None:
     (effects,) = [s for s in render("ks", NTS) if ".effects " in s]
     assert "PRIMARY KEY ((scope, effect_key))" in effects
+
+
+def test_tenant_limits_are_one_row_per_scope() -> None:
+    (limits,) = [s for s in render("ks", NTS) if ".tenant_limits " in s]
+    assert "scope       text PRIMARY KEY" in limits
+    for column in ("weight      int", "cap         int", "rate        double", "updated_at  timestamp"):
+        assert column in limits
 
 
 def test_tasks_are_partitioned_by_minute_and_shard_with_a_static_fence() -> None:

@@ -1,0 +1,100 @@
+"""`CassandraLimitsStore`: the `LimitsStore` port on Cassandra (table `tenant_limits`).
+
+One row per scope (`tenant:<name>`, `default`, `global`), each in its own partition.
+The table is small (one row per tenant with limits of its own), so `read` is one
+whole-table read, at the connection's consistency, every few seconds per dispatcher.
+Writes are plain whole-row writes (no lightweight transactions: the last operator's
+write wins, by the client's timestamp). `delete_tenant` reads the row first to answer
+whether there was one; two resets at once may both answer True.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from cassandra.cluster import NoHostAvailable
+
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table
+from scheduler.errors import StoreError, StoreUnavailable
+from scheduler.fairness.limits import (
+    DEFAULT_SCOPE,
+    GLOBAL_SCOPE,
+    Limits,
+    TenantLimits,
+    check_rate,
+    limits_from_rows,
+    tenant_scope,
+)
+from scheduler.settings import check_keyspace
+
+if TYPE_CHECKING:
+    from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+_QUERIES = {
+    "read": "SELECT scope, weight, cap, rate FROM {keyspace}.tenant_limits",
+    "exists": "SELECT scope FROM {keyspace}.tenant_limits WHERE scope = ?",
+    "write": "INSERT INTO {keyspace}.tenant_limits (scope, weight, cap, rate, updated_at) VALUES (?, ?, ?, ?, ?)",
+    "delete": "DELETE FROM {keyspace}.tenant_limits WHERE scope = ?",
+}
+
+log = logging.getLogger(__name__)
+
+
+class CassandraLimitsStore:
+    """The distributed `LimitsStore`, on a task store's session
+    (`CassandraLimitsStore.for_store`). Thread-safe (the driver's session is)."""
+
+    def __init__(self, connection: CassandraConnection, keyspace: str) -> None:
+        check_keyspace(keyspace)
+        self._session = connection.session
+        self.keyspace = keyspace
+        self._q = prepare_for_table(self._session, _QUERIES, keyspace, "limits store", "tenant_limits")
+
+    @classmethod
+    def for_store(cls, store: CassandraTaskStore) -> CassandraLimitsStore:
+        """A limits store in the task store's keyspace, on its session (closing it does
+        nothing; it is unusable once the task store is closed)."""
+        return cls(store.connection, store.keyspace)
+
+    def _run(self, name: str, values: tuple[object, ...]) -> Any:
+        try:
+            return self._session.execute(self._q[name].bind(values))
+        except NoHostAvailable as exc:
+            raise StoreUnavailable(f"no Cassandra node could take the limits store's {name}: {exc}") from exc
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"limits store {name} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _write(self, scope: str, weight: int | None, cap: int | None, rate: float | None) -> None:
+        self._run("write", (scope, weight, cap, rate, datetime.now(UTC)))
+
+    def read(self) -> Limits:
+        try:
+            rows = [tuple(row) for row in self._run("read", ())]  # pages are fetched while iterating
+        except DRIVER_ERRORS as exc:
+            raise StoreError(f"limits store read failed: {type(exc).__name__}: {exc}") from exc
+        return limits_from_rows(rows, log)
+
+    def set_tenant(self, tenant: str, limits: TenantLimits) -> None:
+        self._write(tenant_scope(tenant), limits.weight, limits.cap, limits.rate)
+
+    def set_default(self, limits: TenantLimits) -> None:
+        self._write(DEFAULT_SCOPE, limits.weight, limits.cap, limits.rate)
+
+    def set_global_rate(self, rate: float | None) -> None:
+        rate = check_rate(rate)
+        if rate is None:
+            self._run("delete", (GLOBAL_SCOPE,))
+        else:
+            self._write(GLOBAL_SCOPE, None, None, rate)
+
+    def delete_tenant(self, tenant: str) -> bool:
+        scope = tenant_scope(tenant)
+        if self._run("exists", (scope,)).one() is None:
+            return False
+        self._run("delete", (scope,))
+        return True
+
+    def close(self) -> None:
+        """Nothing: the session is the task store's."""

@@ -1,0 +1,1 @@
+"""Fairness between tenants: plan weights, concurrency caps and rate limits at release time."""
