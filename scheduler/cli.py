@@ -31,7 +31,7 @@ from scheduler.errors import (
     SchemaConflict,
     StoreUnavailable,
 )
-from scheduler.model import DEFAULT_MAX_ATTEMPTS, Priority, TaskId, decode_payload
+from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_COST, Priority, TaskId, decode_payload
 from scheduler.ports import CancelOutcome, StoredTask, TaskStore
 from scheduler.settings import (
     CASSANDRA_ENV,
@@ -256,12 +256,16 @@ def tenant_option(help: str, required: bool = True) -> Callable[[F], F]:
 @click.option("--key", "key", help="Idempotency key: the same tenant, key and --run-at always name the same "
               "task, so a repeated submit writes no second one. Needs --run-at.")
 @click.option("--max-attempts", "max_attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option("--cost", "cost", type=click.IntRange(1, MAX_COST), default=1, show_default=True,
+              help="Units of the tenant's rate limit the task uses, e.g. 500 for a task that sends 500 SMS.")
 @click.option("--file", "file", type=click.File("r"), help="Submit every task of a JSON-lines file (`-` for "
               "stdin) instead: one object per line with the fields type, payload, tenant, run_at, delay "
-              "(seconds), priority, idempotency_key, max_attempts; --tenant is the default tenant.")
+              "(seconds), priority, idempotency_key, max_attempts, cost; --tenant and --cost are the defaults "
+              "of lines without them.")
 @store_options
 def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str | None, delay: str | None, priority: str,
-           key: str | None, max_attempts: int, file: TextIO | None, backend: str, db: Path, **cassandra: Any) -> None:
+           key: str | None, max_attempts: int, cost: int, file: TextIO | None, backend: str, db: Path,
+           **cassandra: Any) -> None:
     """Store a task and print its id once the store acknowledged the write.
 
     With --file, submits a whole file, shows progress, and reports every line that was
@@ -271,7 +275,7 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
         if task_type is not None:
             raise click.UsageError("give TYPE or --file, not both")
         with open_client(backend, db, tenant=tenant, default_max_attempts=max_attempts, **cassandra) as client:
-            submit_file(client, file)
+            submit_file(client, file, cost)
         return
     if task_type is None:
         raise click.UsageError("missing TYPE (the task's handler name), or --file")
@@ -283,12 +287,13 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
     with open_client(backend, db, **cassandra) as client:
         task_id = client.submit(
             task_type, parsed_payload, tenant=tenant, run_at=parsed_run_at, delay=parsed_delay,
-            priority=priority, idempotency_key=key, max_attempts=max_attempts,
+            priority=priority, idempotency_key=key, max_attempts=max_attempts, cost=cost,
         )
     click.echo(str(task_id))
 
 
-def submit_file(client: Any, file: TextIO) -> None:
+def submit_file(client: Any, file: TextIO, cost: int = 1) -> None:
+    """Submit the lines of `file`; `cost` is the cost of the lines that give none."""
     from scheduler.producer import SubmitReport
 
     line_of: list[int] = []  # the file line of each item: blank lines are not items
@@ -307,6 +312,8 @@ def submit_file(client: Any, file: TextIO) -> None:
                     item["run_at"] = datetime.fromisoformat(item["run_at"])
                 except ValueError:
                     item = InvalidTask(f"run_at {item['run_at']!r} is not an ISO 8601 time")
+            if isinstance(item, dict):
+                item.setdefault("cost", cost)
             yield item
 
     with click.progressbar(length=0, label="submitting", show_pos=True, file=sys.stderr) as bar:
@@ -413,13 +420,22 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
 @click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
               envvar="SCHEDULER_STATS_FILE", show_envvar=True,
               help="Rewrite this JSON file every second with the shards held and the counters.")
+@click.option("--limits-interval", "limits_interval_s", type=click.FloatRange(0.1, 300), default=5.0,
+              show_default=True, help="Seconds between reads of the tenants' limits (`scheduler limits`).")
+@click.option("--hold-timeout", "hold_timeout_s", type=click.FloatRange(1, 86_400), default=300.0, show_default=True,
+              help="Seconds a released task of a capped tenant holds its place when no completion comes back "
+                   "(its worker died and nothing ran it again). Set it above the longest task.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
 @store_options
 def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
-               tick_ms: int, long_types: str, stats_file: Path | None, log_level: str, backend: str, db: Path,
-               **options: Any) -> None:
+               tick_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
+               hold_timeout_s: float, log_level: str, backend: str, db: Path, **options: Any) -> None:
     """Hold shard leases and fire due tasks to the ready topics until stopped.
+
+    With tenant limits set (`scheduler limits`), due tasks are released fairly between
+    tenants: weighted round robin, caps on running tasks, and rates, each dispatcher
+    enforcing its share (shards held / shard count). Without any, they fire at once.
 
     Runs until SIGTERM or Ctrl-C, then gives its shards back so the other dispatchers
     take them at once. Exits 3 when a server cannot be reached at start; while
@@ -450,12 +466,13 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
             member=name, shards=parse_shards(shards, parts.store.shard_count), tick_ms=tick_ms,
             lease_timeout_s=lease_timeout_s,
             long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
+            limits_interval_s=limits_interval_s, hold_timeout_s=hold_timeout_s,
         )
         schedule_runner = ScheduleRunner(parts.schedules, Client(parts.store, handoff=parts.handoff),
                                          clock=wall_clock_ms)
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
                             handoff_reader=parts.handoff_reader, topics=parts.topics,
-                            schedule_runner=schedule_runner)
+                            schedule_runner=schedule_runner, limits_store=parts.limits)
         runner.start_session()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
@@ -562,4 +579,4 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exit_code_for(error))
 
 
-from scheduler import schedule_commands, worker_commands  # noqa: E402, F401  (register `schedule`, `worker`, `dlq`)
+from scheduler import limits_commands, schedule_commands, worker_commands  # noqa: E402, F401  (register their groups)

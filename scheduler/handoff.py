@@ -7,9 +7,14 @@ the hand-off log, in the partition of the task's shard, and the shard's owner me
 into its wheel (or fires it at once if it is overdue). Cancels of tasks due soon travel
 the same way, so a loaded task that was cancelled is never fired.
 
-A record is a msgpack array, `[1, "task", <queue message>]` or `[1, "cancel", <id>]`; the
-queue message is the one the dispatcher publishes (`model.encode_message`, fence 0), so
-an owner re-encodes it only to put its own fencing token in.
+Workers send completions the same way, `[1, "done", [<id>, ...]]`, one record per shard
+per batch of finished attempts: the shard's owner released those tasks, and frees their
+places under their tenant's concurrency cap (`scheduler.fairness.gate`).
+
+A record is a msgpack array, `[1, "task", <queue message>]`, `[1, "cancel", <id>]` or
+`[1, "done", [<id>, ...]]`; the queue message is the one the dispatcher publishes
+(`model.encode_message`, fence 0), so an owner re-encodes it only to put its own fencing
+token in.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import mmh3
 import msgpack
 
 from scheduler.errors import InvalidMessage, InvalidTask
@@ -37,7 +43,13 @@ class HandedCancel:
     task_id: TaskId
 
 
-HandoffItem = HandedTask | HandedCancel
+@dataclass(frozen=True, slots=True)
+class HandedCompletions:
+    task_ids: tuple[bytes, ...]
+    """The 16-byte ids of finished attempts."""
+
+
+HandoffItem = HandedTask | HandedCancel | HandedCompletions
 
 
 def encode_task(task: Task) -> bytes:
@@ -50,6 +62,11 @@ def encode_cancel(task_id: TaskId) -> bytes:
     return data
 
 
+def encode_completions(task_ids: Sequence[bytes]) -> bytes:
+    data: bytes = msgpack.packb([HANDOFF_VERSION, "done", list(task_ids)], use_bin_type=True)
+    return data
+
+
 def decode(value: bytes) -> HandoffItem:
     """The hand-off record in `value`, or `InvalidMessage` saying what is wrong with it."""
     try:
@@ -59,6 +76,10 @@ def decode(value: bytes) -> HandoffItem:
     if not isinstance(fields, list) or len(fields) != 3 or fields[0] != HANDOFF_VERSION:
         raise InvalidMessage(f"hand-off record is not a version-{HANDOFF_VERSION} [version, kind, body] array")
     _, kind, body = fields
+    if kind == "done":
+        if not isinstance(body, list) or not all(isinstance(item, bytes) and len(item) == 16 for item in body):
+            raise InvalidMessage("hand-off completions are not a list of 16-byte task ids")
+        return HandedCompletions(tuple(body))
     if not isinstance(body, bytes):
         raise InvalidMessage("hand-off record body is not bytes")
     if kind == "task":
@@ -86,3 +107,9 @@ class LogHandoff:
 
     def cancelled(self, task_id: TaskId) -> None:
         self.log.append([(task_id.shard(self.shard_count), [encode_cancel(task_id)])])
+
+    def completed(self, task_ids: Sequence[bytes]) -> None:
+        by_shard: dict[int, list[bytes]] = defaultdict(list)
+        for task_id in task_ids:
+            by_shard[mmh3.hash(task_id, 0, signed=False) % self.shard_count].append(task_id)
+        self.log.append([(shard, [encode_completions(ids)]) for shard, ids in sorted(by_shard.items())])

@@ -322,6 +322,12 @@ class Handoff(Protocol):
 
     def cancelled(self, task_id: TaskId) -> None: ...
 
+    def completed(self, task_ids: Sequence[bytes]) -> None:
+        """Workers: these attempts (16-byte task ids) finished (done, stored for a retry,
+        dead, or skipped), so the dispatcher that released them frees their places under
+        their tenant's concurrency cap. Best effort: a completion lost is a place freed
+        later, by the dispatcher's hold timeout."""
+
 
 # Coordination: membership, shard leases and fencing tokens.
 
@@ -417,9 +423,11 @@ class Publisher(Protocol):
     """Publishes fired tasks' messages to the ready topics (`high`, `normal`, `low`,
     `long`). Kafka: an idempotent producer with `acks=all`, batched."""
 
-    def publish(self, topic: str, values: Sequence[bytes]) -> None:
+    def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
         """Queue `values` for `topic` (the queue picks partitions). Returns at once unless
-        the local buffer is full, then waits for room. `QueueError` if refused."""
+        the local buffer is full, then waits for room. `QueueError` if refused.
+        `timestamp_ms` stamps the messages (Kafka: their CreateTime) with the moment the
+        dispatcher released them, rather than when they were handed to the client."""
         ...
 
     def flush(self, timeout_s: float) -> None:
@@ -588,3 +596,44 @@ class EffectLedger(Protocol):
         """Drop `owner`'s claim (the effect failed and may be tried again); no error if the
         claim is gone or another's."""
         ...
+
+
+# Fairness between tenants: the limits that dispatchers enforce at release.
+
+from scheduler.fairness.limits import Limits, TenantLimits  # noqa: E402  (kept with the port that uses it)
+
+
+class LimitsStore(Protocol):
+    """Durable home of the fairness limits (`scheduler.fairness.limits`), kept by two
+    adapters that meet one contract suite (`tests/contract/test_limits_store.py`).
+
+    One row per scope: a tenant's (`tenant:<name>`), the `default` row (for tenants
+    without one) and the `global` row (its rate only). Operators write them through
+    `scheduler limits`; every dispatcher re-reads them all every few seconds. Writes are
+    whole rows, last writer wins. Failures: `StoreError`, never a driver's exception.
+    Thread-safe.
+    """
+
+    def read(self) -> Limits:
+        """Every row, as one `Limits`. A row that does not pass the checks of
+        `scheduler.fairness.limits` is left out with a warning, never raised, so a row
+        written by hand cannot stop a dispatcher (`limits_from_rows`)."""
+        ...
+
+    def set_tenant(self, tenant: str, limits: TenantLimits) -> None:
+        """Write `tenant`'s whole row (a cap or rate of None is stored as none)."""
+        ...
+
+    def set_default(self, limits: TenantLimits) -> None:
+        """Write the default row: the limits of every tenant without a row of its own."""
+        ...
+
+    def set_global_rate(self, rate: float | None) -> None:
+        """Set the rate across all tenants, or remove it (None)."""
+        ...
+
+    def delete_tenant(self, tenant: str) -> bool:
+        """Remove `tenant`'s row, so the default applies to it; False if it had none."""
+        ...
+
+    def close(self) -> None: ...

@@ -22,6 +22,7 @@ from scheduler.ports import (
     EffectLedger,
     Handoff,
     HandoffReader,
+    LimitsStore,
     Publisher,
     ScheduleStore,
     TaskStore,
@@ -91,6 +92,27 @@ def open_schedules(settings: BackendSettings, store: TaskStore) -> Iterator[Sche
 
 
 @contextmanager
+def open_limits(settings: BackendSettings, store: TaskStore) -> Iterator[LimitsStore]:
+    """The fairness limits of this backend, beside `store`'s tasks (its file, or its
+    keyspace and session)."""
+    limits: LimitsStore
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.limits import SqliteLimitsStore
+
+        limits = SqliteLimitsStore(settings.db)
+    else:
+        from scheduler.adapters.cassandra.limits import CassandraLimitsStore
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+        assert isinstance(store, CassandraTaskStore)
+        limits = CassandraLimitsStore.for_store(store)
+    try:
+        yield limits
+    finally:
+        limits.close()
+
+
+@contextmanager
 def open_handoff(settings: BackendSettings, shard_count: int) -> Iterator[Handoff]:
     """The producer's hand-off to the dispatchers of this backend."""
     if settings.backend == "embedded":
@@ -121,6 +143,8 @@ class DispatcherParts:
     schedules: ScheduleStore
     handoff: Handoff
     """Where the runs of recurring schedules that fall due soon are handed to their shard's owner."""
+    limits: LimitsStore
+    """The tenants' weights, caps and rates."""
 
 
 @contextmanager
@@ -130,6 +154,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
     with ExitStack() as stack:
         store = stack.enter_context(open_store(settings))
         schedules = stack.enter_context(open_schedules(settings, store))
+        limits = stack.enter_context(open_limits(settings, store))
         handoff = stack.enter_context(open_handoff(settings, store.shard_count))
         coordinator: Coordinator
         publisher: Publisher
@@ -159,7 +184,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             coordinator = ZkCoordinator(settings.zookeeper)
         stack.callback(reader.close)
         stack.callback(coordinator.close)
-        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff)
+        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff, limits)
 
 
 POOL_TOPICS = {"default": ("high", "normal", "low"), "long": ("long",)}

@@ -174,6 +174,8 @@ class Published:
     at_ms: int
     topic: str
     run_at_ms: int
+    tenant: str = ""
+    cost: int = 1
 
 
 class ReadyTopics:
@@ -207,7 +209,8 @@ class ReadyTopics:
                 except InvalidMessage:
                     continue  # a test's deliberate garbage; workers dead-letter it
                 _, stamp = message.timestamp()
-                published = Published(decoded.task.id, decoded.fence, stamp, topic, decoded.task.run_at_ms)
+                task = decoded.task
+                published = Published(task.id, decoded.fence, stamp, topic, task.run_at_ms, task.tenant, task.cost)
                 with self._lock:
                     self.messages.append(published)
 

@@ -56,8 +56,19 @@ from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
 from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError
+from scheduler.fairness.gate import ReleaseGate
+from scheduler.fairness.limits import Limits
 from scheduler.model import BUCKET_MS, minute_bucket
-from scheduler.ports import Coordinator, HandoffReader, Lease, Publisher, SessionState, StoredTask, TaskStore
+from scheduler.ports import (
+    Coordinator,
+    HandoffReader,
+    Lease,
+    LimitsStore,
+    Publisher,
+    SessionState,
+    StoredTask,
+    TaskStore,
+)
 from scheduler.recurring.runner import PassResult, ScheduleRunner
 
 log = logging.getLogger(__name__)
@@ -107,6 +118,11 @@ class DispatcherConfig:
     stats_interval_ms: int = 1000
     schedule_interval_ms: int = 5000
     """How often the recurring schedules of each held shard get a creation pass."""
+    limits_interval_s: float = 5.0
+    """How often the tenants' limits are read again from the store."""
+    hold_timeout_s: float = 300.0
+    """How long a released task of a capped tenant holds its place without a completion
+    (its worker died and nothing ran it again) before the place is freed."""
 
 
 @dataclass
@@ -134,6 +150,11 @@ class Stats:
     schedule_runs_created: int = 0
     schedule_misfires: int = 0
     schedule_failures: int = 0
+    gated: int = 0
+    released: int = 0
+    completions: int = 0
+    limits_reads: int = 0
+    limits_failures: int = 0
     started_ms: int = field(default_factory=wall_clock_ms)
 
 
@@ -151,6 +172,7 @@ class Dispatcher:
         topics: dict[int, str],
         clock: Clock = wall_clock_ms,
         schedule_runner: ScheduleRunner | None = None,
+        limits_store: LimitsStore | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -194,6 +216,10 @@ class Dispatcher:
         self._last_trim = 0.0
         self.failed: str | None = None
         """Why `run` gave up, if it did (the CLI exits non-zero)."""
+        self.limits_store = limits_store
+        self.gate = ReleaseGate(self.shard_count, hold_timeout_ms=int(config.hold_timeout_s * 1000))
+        self._release_at_ms: int | None = None
+        """When the gate can let the next task out, if that is before the next tick."""
 
     # Lifecycle.
 
@@ -203,6 +229,9 @@ class Dispatcher:
         self.coordinator.watch(self._wake_balancer.set)
 
     def run(self) -> None:
+        if self.limits_store is not None:
+            self._read_limits()  # before the first shard: a limit must hold from the first release
+            threading.Thread(target=self._limits_loop, name="dispatcher-limits", daemon=True).start()
         balancer = threading.Thread(target=self._balance_loop, name="dispatcher-balance", daemon=True)
         balancer.start()
         try:
@@ -223,6 +252,34 @@ class Dispatcher:
         self._session = state
         log.warning("coordinator session %s", state.value, extra={"action": "session_" + state.value})
         self._wake_balancer.set()
+
+    # The tenants' limits, read again every few seconds.
+
+    def _limits_loop(self) -> None:
+        while not self._stopping.wait(self.config.limits_interval_s):
+            self._read_limits()
+
+    def _read_limits(self) -> None:
+        assert self.limits_store is not None
+        try:
+            limits = self.limits_store.read()
+        except SchedulerError as exc:  # keep enforcing the limits read before
+            self.stats.limits_failures += 1
+            log.warning("reading the tenants' limits failed: %s; keeping the ones read before", exc,
+                        extra={"action": "limits_read_failed"})
+            return
+        except Exception:
+            self.stats.job_errors += 1
+            log.exception("reading the tenants' limits failed unexpectedly", extra={"action": "limits_read_failed"})
+            return
+        self.stats.limits_reads += 1
+        self._post(partial(self._limits_loaded, limits))
+
+    def _limits_loaded(self, limits: Limits) -> None:
+        if limits != self.gate.limits:
+            log.info("tenant limits now: %d tenant(s) with their own, global rate %s", len(limits.tenants),
+                     limits.global_rate, extra={"action": "limits_changed"})
+        self.gate.set_limits(limits)
 
     # The balancer.
 
@@ -448,6 +505,12 @@ class Dispatcher:
             self.stats.fenced_out += 1
             self._drop(shard, "fenced out by the schedule store", lease)
 
+    def _cursor(self, owned: OwnedShard) -> int:
+        """How far the shard's cursor may move: never past a task waiting in the gate."""
+        through = owned.cursor_candidate()
+        floor = self.gate.floor(owned.shard)
+        return through if floor is None else min(through, floor)
+
     def _holds(self, shard: int, token: int) -> bool:
         owned = self.shards.get(shard)
         return owned is not None and owned.token == token
@@ -473,6 +536,7 @@ class Dispatcher:
             self._submit(self._writers, self._finish_give_back, owned, on_error=partial(self._give_up_lease, lease))
             return
         self.shards[lease.shard] = owned
+        self.gate.take_shard(lease.shard, self.clock())
         self.stats.taken += 1
         log.info("firing shard %d from %d (token %d)", lease.shard, start_ms, lease.token,
                  extra={"action": "shard_started", "shard": lease.shard, "token": lease.token})
@@ -548,6 +612,8 @@ class Dispatcher:
         owned = self.shards.pop(shard, None)
         if owned is None:
             return
+        through = self._cursor(owned)
+        self.gate.drop_shard(shard)
         position = self._ready_positions.get(shard)
         if position is not None and position != self._committed.get(shard):
             try:
@@ -557,7 +623,8 @@ class Dispatcher:
         self._stop_reading(shard)
         log.info("stopped firing shard %d to give it back", shard,
                  extra={"action": "shard_stopped", "shard": shard})
-        self._submit(self._writers, self._finish_give_back, owned, on_error=partial(self._give_up_lease, owned.lease))
+        self._submit(self._writers, self._finish_give_back, owned, through,
+                     on_error=partial(self._give_up_lease, owned.lease))
 
     def _stop_reading(self, shard: int) -> None:
         try:
@@ -568,9 +635,8 @@ class Dispatcher:
         self._committed.pop(shard, None)
         self._ready_positions.pop(shard, None)
 
-    def _finish_give_back(self, owned: OwnedShard) -> None:
-        """Off the fire loop: write the final cursor, commit, then release the lease."""
-        through = owned.cursor_candidate()
+    def _finish_give_back(self, owned: OwnedShard, through: int) -> None:
+        """Off the fire loop: write the final cursor `through`, then release the lease."""
         try:
             if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
                 self.store.advance_shard(owned.shard, owned.token, through)
@@ -586,6 +652,7 @@ class Dispatcher:
         owned = self.shards.get(shard)
         if owned is not None and owned.token == lease.token:
             del self.shards[shard]
+            self.gate.drop_shard(shard)
             self._stop_reading(shard)
             self.stats.leases_lost += 1
             log.warning("stopped firing shard %d: %s", shard, why, extra={"action": "shard_dropped", "shard": shard})
@@ -598,7 +665,10 @@ class Dispatcher:
         last_loop = time.monotonic()
         while not self._stopping.is_set():
             now = self.clock()
-            deadline = time.monotonic() + (tick - now % tick) / 1000
+            wait_ms = tick - now % tick
+            if self._release_at_ms is not None and now < self._release_at_ms < now + wait_ms:
+                wait_ms = self._release_at_ms - now  # a full rate window frees up before the tick
+            deadline = time.monotonic() + wait_ms / 1000
             while True:
                 remaining = deadline - time.monotonic()
                 try:
@@ -666,7 +736,9 @@ class Dispatcher:
                 continue
             try:
                 item = handoff.decode(record.value)
-                if isinstance(item, handoff.HandedTask):
+                if isinstance(item, handoff.HandedCompletions):
+                    self.stats.completions += self.gate.completed(item.task_ids)
+                elif isinstance(item, handoff.HandedTask):
                     if item.task.id.shard(self.shard_count) != record.shard:
                         raise InvalidMessage(f"the task belongs to shard {item.task.id.shard(self.shard_count)}")
                     if owned.handed_task(item.task):
@@ -685,13 +757,20 @@ class Dispatcher:
         polled: set[int] = set()
         if self._session is SessionState.SUSPENDED:
             return polled  # the leases may yet survive: keep the shards, fire nothing
+        gate = self.gate
+        gated = not gate.bypass
         for shard, owned in list(self.shards.items()):
             if not self.coordinator.is_valid(owned.lease):
                 session = self._session_now()  # another thread may have changed it since the check above
                 if session is not SessionState.SUSPENDED:
                     self._drop(shard, f"its lease is no longer valid (session {session.value})", owned.lease)
                 continue
-            batch = owned.fire(now)
+            batch = owned.fire(now, gated=gated)
+            if batch.gated is not None:
+                batch.by_tag = gate.admit(shard, batch.gated)
+                passed = sum(len(values) for values in batch.by_tag.values())
+                self.stats.gated += len(batch.gated) - passed
+                batch.count, batch.gated = passed, None
             polled.add(shard)
             self.stats.skipped_cancelled += batch.skipped_cancelled
             self.stats.duplicates_dropped += batch.duplicates
@@ -699,9 +778,23 @@ class Dispatcher:
                 self._pending.append((shard, owned.token, batch))
             else:
                 owned.flushed(batch)
+        if gated:
+            self._let_out(now)
         if self._pending:
             self._publish_pending()
         return polled
+
+    def _let_out(self, now: int) -> None:
+        """Add what the gate lets out now to the batches to publish; the shards' wheel
+        frontiers do not move with them (they moved when the tasks entered the gate)."""
+        released = self.gate.release(now)
+        self._release_at_ms = released.next_at_ms
+        for shard, by_tag in released.by_shard.items():
+            owned = self.shards[shard]  # a shard dropped has nothing left in the gate
+            waiting = released.waiting[shard]
+            batch = FireBatch(by_tag, owned.flushed_through_ms, len(waiting), 0, released=waiting,
+                              released_at_ms=released.at_ms)
+            self._pending.append((shard, owned.token, batch))
 
     def _publish_pending(self) -> bool:
         """Publish and flush the pending batches of shards whose lease is valid; on failure
@@ -721,12 +814,12 @@ class Dispatcher:
                 self._drop(shard, "its lease is no longer valid", owned.lease)
         try:
             if sending:
-                by_topic: dict[str, list[bytes]] = {}
+                by_topic: dict[tuple[str, int | None], list[bytes]] = {}
                 for _, _, batch in sending:
                     for tag, values in batch.by_tag.items():
-                        by_topic.setdefault(self.topics[tag], []).extend(values)
-                for topic, values in by_topic.items():
-                    self.publisher.publish(topic, values)
+                        by_topic.setdefault((self.topics[tag], batch.released_at_ms), []).extend(values)
+                for (topic, stamp), values in by_topic.items():
+                    self.publisher.publish(topic, values, stamp)
                 self.publisher.flush(self.config.flush_timeout_s)
         except QueueError as exc:
             self.stats.publish_failures += 1
@@ -747,6 +840,9 @@ class Dispatcher:
             owned = self._current(shard, token)
             if owned is not None:
                 owned.flushed(batch)
+                if batch.released is not None:
+                    self.stats.released += batch.count
+                    self.gate.published(shard, batch.released)
         self._pending = keeping
         return not keeping
 
@@ -766,7 +862,7 @@ class Dispatcher:
         for shard, owned in self.shards.items():
             if shard in self._advancing or now - self._last_advance_ms.get(shard, 0) < self.config.advance_interval_ms:
                 continue
-            through = owned.cursor_candidate()
+            through = self._cursor(owned)
             if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
                 self._advancing.add(shard)
                 self._last_advance_ms[shard] = now
@@ -823,6 +919,8 @@ class Dispatcher:
             "tokens": {str(shard): owned.token for shard, owned in sorted(self.shards.items())},
             "waiting": waiting,
             "wheel_bytes": wheel_bytes,
+            "gate_waiting": self.gate.waiting,
+            "tenants": self.gate.snapshot(),
             "stats": self.stats.__dict__,
         }
 

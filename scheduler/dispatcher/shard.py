@@ -31,9 +31,10 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from scheduler.fairness.gate import Waiting
 from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, Partition, Priority, Task, encode_message, minute_bucket
 from scheduler.ports import Lease, StoredTask, TaskStatus
-from scheduler.wheel import TimingWheel
+from scheduler.wheel import Entry, TimingWheel
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,12 @@ class FireBatch:
     count: int
     skipped_cancelled: int
     duplicates: int = 0
+    gated: list[Entry] | None = None
+    """With a release gate: the due entries, for the gate to admit (`by_tag` is empty)."""
+    released: list[Waiting] | None = None
+    """For a batch the gate let out: what to settle with it once the queue acknowledged."""
+    released_at_ms: int | None = None
+    """...and the moment it was let out, which its messages are stamped with."""
 
 
 @dataclass
@@ -321,15 +328,17 @@ class OwnedShard:
 
     # Firing.
 
-    def fire(self, now_ms: int) -> FireBatch:
+    def fire(self, now_ms: int, *, gated: bool = False) -> FireBatch:
         """Take what is due from the wheel, never past a slice still being verified
-        (within its grace); drop second copies and what was cancelled."""
+        (within its grace); drop second copies and what was cancelled. With `gated`, the
+        entries are returned whole in `gated`, for the release gate, not by tag."""
         entries = self.wheel.poll(self.fire_limit(now_ms))
         by_tag: dict[int, list[bytes]] = {}
         skipped = duplicates = 0
         cancelled = self.cancelled
         verified_through = self.verified_through_ms
         seen: set[Key] = set()
+        kept: list[Entry] | None = [] if gated else None
         for run_at, tag, item in entries:
             key = (run_at, item[MESSAGE_ID_SLICE])
             if key in seen:
@@ -341,12 +350,15 @@ class OwnedShard:
             if cancelled and key[1] in cancelled:
                 skipped += 1
                 continue
+            if kept is not None:
+                kept.append((run_at, tag, item))
+                continue
             values = by_tag.get(tag)
             if values is None:
                 values = by_tag[tag] = []
             values.append(item)
         count = len(entries) - skipped - duplicates
-        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates)
+        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates, kept)
 
     def fire_limit(self, now_ms: int) -> int:
         """How far the wheel may fire at `now_ms`: up to the first slice that is neither

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.errors import SchedulerError
-from scheduler.model import Task
+from scheduler.model import MESSAGE_ID_SLICE, Task
 from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class SettlerStats:
     retries_handed_off: int = 0
     dead_letters: int = 0
     write_failures: int = 0
+    completions_sent: int = 0
+    completion_failures: int = 0
     last_error: str | None = field(default=None)
 
 
@@ -145,8 +147,24 @@ class Settler:
                 delay = min(delay * 2, 5.0)
                 continue
             self.stats.batches += 1
-            self._on_settled([plan.delivery for plan in batch if plan.delivery is not None])
+            deliveries = [plan.delivery for plan in batch if plan.delivery is not None]
+            self._complete(deliveries)
+            self._on_settled(deliveries)
             return
+
+    def _complete(self, deliveries: Sequence[Delivery]) -> None:
+        """Tell the shards' owners these attempts are over, so capped tenants get their
+        places back. Best effort: a completion lost frees its place at the hold timeout."""
+        if self._handoff is None or not deliveries:
+            return
+        ids = [delivery.value[MESSAGE_ID_SLICE] for delivery in deliveries if len(delivery.value) >= 20]
+        try:
+            self._handoff.completed(ids)
+        except Exception as exc:  # a hand-off outage must not hold up the commits
+            self.stats.completion_failures += 1
+            log.warning("sending %d completions failed: %s", len(ids), exc)
+        else:
+            self.stats.completions_sent += len(ids)
 
     def _write(self, batch: Sequence[Plan]) -> None:
         """Each kind of write at most once per batch; idempotent, so a retried batch

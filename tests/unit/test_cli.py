@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from scheduler.adapters.cassandra.schema import render
 from scheduler.cli import Exit, cli, main
 from scheduler.model import TaskId
+from scheduler.settings import CassandraSettings
 from tests.support import run_cli
 
 
@@ -17,7 +19,9 @@ def test_schema_show_prints_the_schema_for_the_chosen_keyspace() -> None:
     assert result.exit_code == 0, result.output
     assert "CREATE KEYSPACE IF NOT EXISTS results_day" in result.output
     assert "CREATE TABLE IF NOT EXISTS results_day.tasks_by_bucket" in result.output
-    assert result.output.count(";") == 7  # the keyspace, five tables, and one column added since
+    # Every statement of schema.cql, each ended by a ";" (the keyspace, the tables, the columns added since).
+    assert result.output.count(";") == len(render("results_day", CassandraSettings().replication))
+    assert "CREATE TABLE IF NOT EXISTS results_day.tenant_limits" in result.output
 
 
 def test_schema_show_reads_the_keyspace_from_the_environment() -> None:
@@ -25,7 +29,8 @@ def test_schema_show_reads_the_keyspace_from_the_environment() -> None:
     assert "CREATE KEYSPACE IF NOT EXISTS from_env" in result.output
 
 
-@pytest.mark.parametrize("command", [[], ["schema"], ["schema", "show"], ["schema", "apply"], ["demo"]])
+@pytest.mark.parametrize("command", [[], ["schema"], ["schema", "show"], ["schema", "apply"], ["demo"],
+                                     ["limits"], ["limits", "set"], ["limits", "show"], ["limits", "reset"]])
 def test_every_command_has_help(command: list[str]) -> None:
     result = CliRunner().invoke(cli, [*command, "--help"])
     assert result.exit_code == 0

@@ -51,6 +51,9 @@ class RecordingHandoff:
     def cancelled(self, task_id: TaskId) -> None:
         raise AssertionError("the runner cancels nothing")
 
+    def completed(self, task_ids: Sequence[bytes]) -> None:
+        raise AssertionError("the runner finishes no attempt")
+
 
 class Crash(BaseException):
     """The process dies here (not an error anyone handles)."""

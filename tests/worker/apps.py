@@ -15,6 +15,9 @@ kills. Behaviour is chosen by the payload:
                                         minutes (to be killed); later runs return
     {"effect": "k"}                     with any mode that returns: ctx.once("k", ...)
                                         records one effect in the sink
+
+The `fair` handler records a span per run (tenant, cost, start, end), so a test can
+measure how many of a tenant's tasks ran at once, and when they started.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,11 +36,14 @@ from scheduler.worker import App, Context, PermanentError
 class Sink:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
+        self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS runs (task TEXT, attempt INT, type TEXT, started_ms INT, "
                          "run_at_ms INT, pid INT, fence INT)")
         self._db.execute("CREATE TABLE IF NOT EXISTS effects (key TEXT, task TEXT, attempt INT, pid INT)")
+        self._db.execute("CREATE TABLE IF NOT EXISTS spans (task TEXT, tenant TEXT, cost INT, run_at_ms INT, "
+                         "started_ms INT, ended_ms INT, pid INT)")
 
     def run(self, ctx: Context) -> None:
         self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)", (
@@ -45,6 +52,22 @@ class Sink:
 
     def effect(self, key: str, ctx: Context) -> None:
         self._db.execute("INSERT INTO effects VALUES (?, ?, ?, ?)", (key, str(ctx.task_id), ctx.attempt, os.getpid()))
+
+    def span_started(self, ctx: Context) -> int:
+        with self._lock:  # the connection's last rowid is shared by the handler threads
+            cursor = self._db.execute("INSERT INTO spans VALUES (?, ?, ?, ?, ?, NULL, ?)", (
+                str(ctx.task_id), ctx.tenant, ctx.task.cost, ctx.run_at_ms, time.time_ns() // 1_000_000,
+                os.getpid()))
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+    def span_ended(self, row: int) -> None:
+        self._db.execute("UPDATE spans SET ended_ms = ? WHERE rowid = ?", (time.time_ns() // 1_000_000, row))
+
+    def spans(self) -> list[tuple[str, str, int, int, int, int | None, int]]:
+        """(task, tenant, cost, run_at_ms, started_ms, ended_ms, pid) of every `fair` run;
+        ended_ms is None while it runs, and for good if its process was killed."""
+        return list(self._db.execute("SELECT * FROM spans ORDER BY started_ms, rowid"))
 
     def runs(self) -> list[tuple[str, int, str, int, int, int, int]]:
         return list(self._db.execute("SELECT * FROM runs ORDER BY started_ms, rowid"))
@@ -119,3 +142,10 @@ def slow(ctx: Context, payload: dict[str, Any]) -> None:
     sink().run(ctx)
     if ctx.attempt == 1:
         time.sleep(float(payload.get("s", 2)))
+
+
+@app.handler("fair")
+def fair(ctx: Context, payload: dict[str, Any]) -> None:
+    row = sink().span_started(ctx)
+    time.sleep(float(payload.get("s", 0)))
+    sink().span_ended(row)

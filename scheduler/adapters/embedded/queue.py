@@ -292,7 +292,8 @@ class SqlitePublisher:
         self._queue = queue
         self._buffer: dict[str, list[bytes]] = {}
 
-    def publish(self, topic: str, values: Sequence[bytes]) -> None:
+    def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
+        """(The embedded log stamps every record with the time it is written.)"""
         self._buffer.setdefault(topic, []).extend(values)
 
     def flush(self, timeout_s: float) -> None:

@@ -88,28 +88,29 @@ class KafkaPublisher:
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConfigError(f"cannot configure the Kafka producer: {exc}") from exc
 
-    def publish(self, topic: str, values: Sequence[bytes]) -> None:
+    def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
         if self._errors.fatal is not None:
             raise self._fatal_error()
         produce = self._producer.produce
+        stamp = timestamp_ms or 0  # 0: librdkafka stamps the time of produce()
         try:
             for value in values:
                 try:
-                    produce(topic, value)
+                    produce(topic, value, timestamp=stamp)
                 except BufferError:
-                    self._produce_when_room(topic, value)
+                    self._produce_when_room(topic, value, stamp)
         except KafkaException as exc:
             raise QueueError(f"Kafka refused a message for {topic}: {exc.args[0]}") from exc
         self._producer.poll(0)  # serve failure reports and errors without waiting
 
-    def _produce_when_room(self, topic: str, value: bytes) -> None:
+    def _produce_when_room(self, topic: str, value: bytes, timestamp_ms: int) -> None:
         deadline = time.monotonic() + self._buffer_wait_s
         while True:
             self._producer.poll(0.05)
             if self._errors.fatal is not None:
                 raise self._fatal_error()
             try:
-                self._producer.produce(topic, value)
+                self._producer.produce(topic, value, timestamp=timestamp_ms)
                 return
             except BufferError:
                 if time.monotonic() >= deadline:
