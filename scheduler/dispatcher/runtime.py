@@ -58,7 +58,7 @@ from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.fairness.limits import Limits
-from scheduler.model import BUCKET_MS, minute_bucket
+from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, minute_bucket
 from scheduler.ports import (
     Coordinator,
     HandoffReader,
@@ -200,6 +200,8 @@ class Dispatcher:
         self._passes_changed = threading.Condition()
         self._last_schedule_ms: dict[int, int] = {}
         self._advancing: set[int] = set()
+        self._advance_target: dict[int, int] = {}
+        """The cursor each shard's latest advance asked for."""
         self._last_advance_ms: dict[int, int] = {}
         self._positions: dict[int, int] = {}
         self._committed: dict[int, int] = {}
@@ -230,7 +232,9 @@ class Dispatcher:
 
     def run(self) -> None:
         if self.limits_store is not None:
-            self._read_limits()  # before the first shard: a limit must hold from the first release
+            # Before the first shard: a limit must hold from the first release.
+            while not self._read_limits() and not self._stopping.wait(1.0):
+                pass
             threading.Thread(target=self._limits_loop, name="dispatcher-limits", daemon=True).start()
         balancer = threading.Thread(target=self._balance_loop, name="dispatcher-balance", daemon=True)
         balancer.start()
@@ -259,7 +263,7 @@ class Dispatcher:
         while not self._stopping.wait(self.config.limits_interval_s):
             self._read_limits()
 
-    def _read_limits(self) -> None:
+    def _read_limits(self) -> bool:
         assert self.limits_store is not None
         try:
             limits = self.limits_store.read()
@@ -267,13 +271,14 @@ class Dispatcher:
             self.stats.limits_failures += 1
             log.warning("reading the tenants' limits failed: %s; keeping the ones read before", exc,
                         extra={"action": "limits_read_failed"})
-            return
+            return False
         except Exception:
             self.stats.job_errors += 1
             log.exception("reading the tenants' limits failed unexpectedly", extra={"action": "limits_read_failed"})
-            return
+            return False
         self.stats.limits_reads += 1
         self._post(partial(self._limits_loaded, limits))
+        return True
 
     def _limits_loaded(self, limits: Limits) -> None:
         if limits != self.gate.limits:
@@ -505,6 +510,17 @@ class Dispatcher:
             self.stats.fenced_out += 1
             self._drop(shard, "fenced out by the schedule store", lease)
 
+    def _gate_holds_behind_cursor(self, shard: int) -> bool:
+        """Whether a task waits in the gate at or before the shard's cursor (as written, or
+        being written). Only the hand-off brings such a task (one submitted into the
+        past): a new owner would not read it from the store, so the hand-off position
+        must not be committed past it until it is released and acknowledged."""
+        floor = self.gate.floor(shard)
+        if floor is None:
+            return False
+        owned = self.shards[shard]
+        return floor < max(owned.persisted_ms, self._advance_target.get(shard, owned.persisted_ms))
+
     def _cursor(self, owned: OwnedShard) -> int:
         """How far the shard's cursor may move: never past a task waiting in the gate."""
         through = owned.cursor_candidate()
@@ -632,6 +648,7 @@ class Dispatcher:
         except QueueError as exc:
             log.warning("could not stop reading the hand-off of shard %d: %s", shard, exc)
         self._positions.pop(shard, None)
+        self._advance_target.pop(shard, None)
         self._committed.pop(shard, None)
         self._ready_positions.pop(shard, None)
 
@@ -705,7 +722,7 @@ class Dispatcher:
             # Every record of these shards read so far is now fired and flushed, or waits
             # in the wheel after the cursor, where a new owner's read of the store finds it.
             for shard in polled:
-                if shard in self._positions:
+                if shard in self._positions and not self._gate_holds_behind_cursor(shard):
                     self._ready_positions[shard] = self._positions[shard]
         self._check_give_up(now)
         self._trim_memory()
@@ -792,6 +809,18 @@ class Dispatcher:
         for shard, by_tag in released.by_shard.items():
             owned = self.shards[shard]  # a shard dropped has nothing left in the gate
             waiting = released.waiting[shard]
+            if owned.cancelled:  # cancels handed off while the tasks waited in the gate
+                gone = [w for w in waiting if w.item[MESSAGE_ID_SLICE] in owned.cancelled]
+                if gone:
+                    self.stats.skipped_cancelled += len(gone)
+                    self.gate.published(shard, gone)
+                    self.gate.completed([w.item[MESSAGE_ID_SLICE] for w in gone])
+                    waiting = [w for w in waiting if w.item[MESSAGE_ID_SLICE] not in owned.cancelled]
+                    by_tag = {}
+                    for w in waiting:
+                        by_tag.setdefault(w.tag, []).append(w.item)
+                    if not waiting:
+                        continue
             batch = FireBatch(by_tag, owned.flushed_through_ms, len(waiting), 0, released=waiting,
                               released_at_ms=released.at_ms)
             self._pending.append((shard, owned.token, batch))
@@ -866,6 +895,7 @@ class Dispatcher:
             if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
                 self._advancing.add(shard)
                 self._last_advance_ms[shard] = now
+                self._advance_target[shard] = through
                 self._submit(self._writers, self._advance, shard, owned.lease, through,
                              on_error=partial(self._post, partial(self._advanced, shard, owned.lease, None)))
 

@@ -49,6 +49,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.errors import InvalidMessage
 from scheduler.fairness.limits import NO_LIMITS, Limits, TenantLimits
 from scheduler.fairness.rate import WindowRate
 from scheduler.model import MESSAGE_ID_SLICE, peek_release_fields
@@ -87,7 +88,7 @@ class TenantStats:
 class _Tenant:
     __slots__ = ("name", "queues", "size", "deficit", "current", "choice", "rate", "running", "stats")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, window_ms: int) -> None:
         self.name = name
         self.queues: tuple[deque[Waiting], ...] = (deque(), deque(), deque())
         self.size = 0
@@ -95,7 +96,7 @@ class _Tenant:
         self.current = [0, 0, 0]
         """Smooth weighted round robin state over the three priorities."""
         self.choice: int | None = None
-        self.rate = WindowRate()
+        self.rate = WindowRate(window_ms=window_ms)
         self.running = 0
         self.stats = TenantStats()
 
@@ -160,8 +161,8 @@ class ReleaseGate:
         self._global = WindowRate(window_ms=window_ms)
         self._eligible_at: dict[int, int] = {}
         """Held shard -> when it starts counting toward the share."""
-        self._holds: dict[bytes, tuple[_Tenant, int]] = {}
-        """Task id -> (tenant, expiry) of released tasks of capped tenants."""
+        self._holds: dict[bytes, tuple[_Tenant, int, int]] = {}
+        """Task id -> (tenant, expiry, shard) of released tasks of capped tenants."""
         self._expiries: deque[tuple[int, bytes]] = deque()
         self._unsettled: dict[int, Counter[int]] = {}
         """shard -> run_at -> tasks admitted and not yet published."""
@@ -187,6 +188,12 @@ class ReleaseGate:
         owner reads them from the store). Returns how many were dropped."""
         self._eligible_at.pop(shard, None)
         self._run_ats.pop(shard, None)
+        # Its tasks' completions now go to the shard's next owner: free their places here
+        # rather than hold them to the timeout (the next owner does not count them).
+        for task_id, (tenant, _, held_shard) in list(self._holds.items()):
+            if held_shard == shard:
+                del self._holds[task_id]
+                tenant.running -= 1
         if self._unsettled.pop(shard, None) is None:
             return 0
         dropped = 0
@@ -197,8 +204,10 @@ class ReleaseGate:
                 tenant.size -= len(queue) - len(kept)
                 tenant.queues[code].clear()
                 tenant.queues[code].extend(kept)
-            tenant.choice = None
+            if tenant.choice is not None and not tenant.queues[tenant.choice]:
+                tenant.choice = None  # its chosen queue held only the dropped shard's tasks
             if not tenant.size:
+                tenant.deficit = 0.0
                 self._leave_ring(tenant)
         self.waiting -= dropped
         return dropped
@@ -217,7 +226,11 @@ class ReleaseGate:
         unsettled = self._unsettled.setdefault(shard, Counter())
         run_ats = self._run_ats.setdefault(shard, [])
         for run_at, tag, item in entries:
-            tenant_name, priority, cost = peek_release_fields(item)
+            try:
+                tenant_name, priority, cost = peek_release_fields(item)
+            except InvalidMessage:  # a worker dead-letters it; the gate has nothing to weigh
+                through.setdefault(tag, []).append(item)
+                continue
             if limits.global_rate is None:
                 own = limits.of(tenant_name)
                 if own.cap is None and own.rate is None:
@@ -225,7 +238,7 @@ class ReleaseGate:
                     continue
             tenant = self._tenants.get(tenant_name)
             if tenant is None:
-                tenant = self._tenants[tenant_name] = _Tenant(tenant_name)
+                tenant = self._tenants[tenant_name] = _Tenant(tenant_name, self.window_ms)
             tenant.queues[priority].append(Waiting(shard, run_at, tag, item, cost, priority))
             tenant.stats.admitted += 1
             if not tenant.size:
@@ -255,6 +268,8 @@ class ReleaseGate:
         global_rate = limits.global_rate * share if limits.global_rate is not None else None
         blocked: set[str] = set()
         ring = self._ring
+        idle = 0
+        """Turns ended in a row because the head cost more than the deficit."""
         while ring and len(blocked) < len(ring):
             tenant = ring[0]
             if tenant.name in blocked:
@@ -263,29 +278,52 @@ class ReleaseGate:
             own = limits.of(tenant.name)
             head = tenant.head()
             if not self._turn_open:
-                reason = self._own_limit(tenant, own, head, share, now_ms)
-                if reason:
-                    blocked.add(tenant.name)
-                    self._next_turn()
+                if self._own_limit(tenant, own, head, share, now_ms):
+                    self._block(tenant, head, blocked)
                     continue
                 tenant.deficit += own.weight * self.quantum
                 self._turn_open = True
             if head.cost > tenant.deficit:
                 self._next_turn()
+                idle += 1
+                if idle >= len(ring) - len(blocked):
+                    self._skip_rounds(blocked)
+                    idle = 0
                 continue
             if self._own_limit(tenant, own, head, share, now_ms):
-                blocked.add(tenant.name)
-                self._next_turn()
+                self._block(tenant, head, blocked)
                 continue
             if global_rate is not None and not self._global.allows(now_ms, head.cost, global_rate):
                 out.stopped_by_global = True
                 out.next_at_ms = math.ceil(self._global.ready_at(head.cost, global_rate))
                 break
             self._let_out(tenant, own, tenant.pop(), share, global_rate, now_ms, out)
+            idle = 0
             if not tenant.size:
                 tenant.deficit = 0.0
                 self._leave_ring(tenant)
         return out
+
+    def _block(self, tenant: _Tenant, head: Waiting, blocked: set[str]) -> None:
+        """The tenant is at its own cap or rate: it sits out the rest of the release, and
+        keeps no more credit than its next task needs, so it cannot hoard turns while
+        held back and then crowd the others out."""
+        tenant.deficit = min(tenant.deficit, float(head.cost))
+        blocked.add(tenant.name)
+        self._next_turn()
+
+    def _skip_rounds(self, blocked: set[str]) -> None:
+        """A whole round let nothing out (every head costs more than its tenant's deficit):
+        give every tenant at once the turns it would get in the rounds until one can
+        afford its head, rather than going round quantum by quantum (a 500-unit task
+        with a 10-unit quantum would take 50 rounds)."""
+        limits = self.limits
+        waiting = [t for t in self._ring if t.name not in blocked]
+        rounds = min(math.ceil((t.head().cost - t.deficit) / (limits.of(t.name).weight * self.quantum))
+                     for t in waiting) - 1
+        if rounds > 0:
+            for t in waiting:
+                t.deficit += rounds * limits.of(t.name).weight * self.quantum
 
     def _own_limit(self, tenant: _Tenant, own: TenantLimits, head: Waiting, share: float, now_ms: int) -> str:
         if own.cap is not None and tenant.running >= cap_share(own.cap, share):
@@ -309,7 +347,7 @@ class ReleaseGate:
             if task_id not in self._holds:
                 tenant.running += 1
             expiry = now_ms + self.hold_timeout_ms
-            self._holds[task_id] = (tenant, expiry)
+            self._holds[task_id] = (tenant, expiry, waiting.shard)
             self._expiries.append((expiry, task_id))
         tenant.stats.released += 1
         tenant.stats.released_units += waiting.cost

@@ -170,3 +170,43 @@ def test_waiting_tasks_hold_the_cursor_until_acknowledged() -> None:
     assert gate.floor(2) == T0 + 899, "the three due at +900 still wait for places"
     assert gate.drop_shard(2) == 3
     assert gate.floor(2) is None and gate.waiting == 0
+
+
+def test_a_task_far_costlier_than_a_turn_is_reached_in_a_few_steps_and_weights_still_hold() -> None:
+    gate = gate_holding_every_shard(Limits(tenants={"big": TenantLimits(weight=3)}, global_rate=10_000_000))
+    gate.admit(0, due("big", 40, cost=1_000_000) + due("small", 40, cost=1_000_000))
+    release = gate.release(T0)  # the pace lets a tick's worth out: 1,000,000 units
+    assert release.count >= 1
+    units = Counter(task.tenant for task in messages(release))
+    released = run(gate, T0 + 100, 5)
+    units.update(task.tenant for _, task in released)
+    assert abs(units["big"] / units["small"] / 3 - 1) <= 0.15, units
+
+
+def test_a_tenant_held_back_by_its_own_rate_hoards_no_credit() -> None:
+    gate = gate_holding_every_shard(Limits(tenants={"a": TenantLimits(rate=5)}, global_rate=100))
+    gate.admit(0, due("a", 8000) + due("b", 8000))
+    run(gate, T0, 60)
+    gate.set_limits(Limits(global_rate=100))  # a's own rate is lifted
+    released = run(gate, T0 + 60_000, 10)
+    counts = Counter(task.tenant for _, task in released)
+    assert abs(counts["a"] / counts["b"] - 1) <= 0.10, counts
+
+
+def test_a_shard_given_back_frees_the_places_of_its_running_tasks() -> None:
+    gate = gate_holding_every_shard(Limits(tenants={"t": TenantLimits(cap=4)}))
+    gate.admit(0, due("t", 2))
+    gate.admit(1, due("t", 6))
+    first = gate.release(T0)
+    assert first.count == 4
+    running_on_0 = len(first.waiting.get(0, []))
+    assert running_on_0 > 0
+    gate.drop_shard(0)
+    # the places of shard 0's tasks are freed (their completions go to its next owner)
+    assert gate.snapshot()["t"]["running"] == 4 - running_on_0
+
+
+def test_a_message_the_gate_cannot_read_passes_through_to_be_dead_lettered() -> None:
+    gate = gate_holding_every_shard(Limits(global_rate=10))
+    passed = gate.admit(0, [(T0, 1, b"\x93garbage")] + due("t", 1))
+    assert passed == {1: [b"\x93garbage"]} and gate.waiting == 1
