@@ -348,6 +348,7 @@ def describe(stored: StoredTask) -> dict[str, Any]:
         "priority": task.priority.value,
         "attempt": task.attempt,
         "max_attempts": task.max_attempts,
+        "cost": task.cost,
         "idempotency_key": task.idempotency_key,
         "payload": decode_payload(task.payload),
     }
@@ -491,8 +492,11 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
               help="SMS per board task.")
 @click.option("--reminders", "reminders", type=click.IntRange(2, 100_000), default=50, show_default=True,
               help="Exam reminders the college books (one of them to an unreachable number).")
-@click.option("--reminder-delay", "reminder_delay", default="60s", show_default=True,
+@click.option("--reminder-delay", "reminder_delay", default="30s", show_default=True,
               help="How long after the results the reminders are due (at least 10s): 60, 45s, 2m.")
+@click.option("--sms-rate", "sms_rate", type=click.FloatRange(0, 1_000_000), default=500, show_default=True,
+              help="The provider's limit in SMS a second, shared by every tenant (`scheduler limits set --global "
+                   "--rate`); each board task costs its SMS. 0: no limit.")
 @click.option("--lead", "lead", default="10s", show_default=True,
               help="How long after the submit the results are due (at least 3s).")
 @click.option("--workers", "workers", type=click.IntRange(2, 16), default=2, show_default=True,
@@ -510,14 +514,16 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
               "topics and ZooKeeper root).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the summary as a JSON document to this file.")
-def demo(results: int, batch: int, reminders: int, reminder_delay: str, lead: str, workers: int, concurrency: int,
-         backend: str, directory: Path | None, keep: bool, json_path: Path | None) -> None:
-    """Play results day on this machine, end to end, in about a minute and a half.
+def demo(results: int, batch: int, reminders: int, reminder_delay: str, sms_rate: float, lead: str, workers: int,
+         concurrency: int, backend: str, directory: Path | None, keep: bool, json_path: Path | None) -> None:
+    """Play results day on this machine, end to end, in about a minute.
 
     \b
     A state board's result SMS go out as tasks of --batch, due --lead from now; a college
     books --reminders exam reminders for --reminder-delay later, one of them to a number
-    the provider cannot reach (retried with backoff, then dead-lettered). Two dispatchers
+    the provider cannot reach (retried with backoff, then dead-lettered). The provider
+    takes --sms-rate SMS a second: the board's SMS drain at that limit, and the
+    reminders, due while they drain, go out on their time all the same. Two dispatchers
     share the shards and two workers send through a fake SMS provider that refuses to
     send a key twice. A worker is killed (kill -9) in the middle of a batch, and later
     dispatcher-1 with the reminders loaded; the others take over. A live board shows
@@ -537,7 +543,8 @@ def demo(results: int, batch: int, reminders: int, reminder_delay: str, lead: st
         raise click.BadParameter(f"{reminder_delay!r} is under 10s", param_hint="--reminder-delay")
     if lead_s < 3:
         raise click.BadParameter(f"{lead!r} is under 3s", param_hint="--lead")
-    options = DemoOptions(Story(results=results, batch=batch, reminders=reminders, reminder_delay_s=delay_s),
+    options = DemoOptions(Story(results=results, batch=batch, reminders=reminders, reminder_delay_s=delay_s,
+                                sms_rate=sms_rate or None),
                           backend=backend, directory=directory, lead_s=lead_s, workers=workers,
                           concurrency=concurrency, keep=keep)
     console = Console(highlight=False, soft_wrap=True)

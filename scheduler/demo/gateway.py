@@ -121,6 +121,11 @@ class Gateway:
         """SMS sent per task (a key is `<task id>:<effect>`)."""
         return dict(self._db.execute("SELECT substr(key, 1, instr(key, ':') - 1), count(*) FROM sent GROUP BY 1"))
 
+    def sent_times(self, tenant: str) -> list[int]:
+        """When each of the tenant's SMS was sent (ms), in order."""
+        return [at for (at,) in self._db.execute("SELECT sent_ms FROM sent WHERE tenant = ? ORDER BY sent_ms",
+                                                 (tenant,))]
+
     def sent_keys(self) -> set[str]:
         return {key for (key,) in self._db.execute("SELECT key FROM sent")}
 

@@ -39,7 +39,7 @@ from .fleet import Fleet, Member
 from .gateway import Gateway, now_ms
 from .local import LEASE_TIMEOUT_S, LocalDeployment
 from .outcome import Planned, status_counts, summarise
-from .story import RESULT_TYPE, Story
+from .story import BOARD, COLLEGE, RESULT_TYPE, Story
 
 APP = "scheduler.demo.app:app"
 SESSION_TIMEOUT_S = 6.0
@@ -151,6 +151,9 @@ def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskSt
            gateway: Gateway, console: Console) -> dict[str, Any]:
     story = options.story
     stage = Stage(began_ms=now_ms())
+    if story.sms_rate is not None:
+        with wiring.open_limits(settings, store) as limits:
+            limits.set_global_rate(story.sms_rate)  # read by the dispatchers as they start
     with Board(console) as board:
         for n in (1, 2):
             fleet.dispatcher(f"dispatcher-{n}", LEASE_TIMEOUT_S)
@@ -169,7 +172,8 @@ def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskSt
                    f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s; city-college booked {story.reminders} "
                    f"reminders for t+{(reminders_at_ms - stage.began_ms) / 1000:.0f}s")
         kill_dispatcher_ms = results_at_ms + int(story.reminder_delay_s * 500)
-        deadline_ms = reminders_at_ms + int(FINISH_GRACE_S * 1000)
+        drained_ms = results_at_ms + int(story.results / story.sms_rate * 1000) if story.sms_rate else results_at_ms
+        deadline_ms = max(reminders_at_ms, drained_ms) + int(FINISH_GRACE_S * 1000)
         batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
         rows: dict[TaskId, StoredTask] = {}
         while now_ms() < deadline_ms:
@@ -207,8 +211,22 @@ def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskSt
                                        if name != (stage.dispatcher_killed.name if stage.dispatcher_killed else "")))
     rows = store.get_many(ids)
     totals = gateway.totals()
-    return summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
-                     (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
+    summary = summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
+                        (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
+    summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
+    return summary
+
+
+def _fairness(story: Story, gateway: Gateway, reminders_at_ms: int) -> dict[str, Any]:
+    """How the board's SMS drained, and how many were still to go when the reminders fell due."""
+    sent = gateway.sent_times(BOARD)
+    span_s = (sent[-1] - sent[0]) / 1000 if len(sent) > 1 else 0.0
+    return {
+        "sms_rate_limit": story.sms_rate,
+        "board_sms_per_s": round(len(sent) / span_s) if span_s > 0 else None,
+        "board_sms_after_reminders_due": sum(1 for at in sent if at > reminders_at_ms),
+        "reminders": sum(1 for start in gateway.starts() if start.tenant == COLLEGE),
+    }
 
 
 def _submit(settings: wiring.BackendSettings, store: TaskStore, story: Story, results_at_ms: int) -> list[Planned]:

@@ -13,7 +13,8 @@ import pytest
 from scheduler.cli import Exit
 from tests.support import run_cli
 
-SMALL = ("--results", "1500", "--batch", "300", "--reminders", "8", "--reminder-delay", "12s", "--lead", "4s")
+SMALL = ("--results", "1500", "--batch", "300", "--reminders", "8", "--reminder-delay", "12s", "--lead", "4s",
+         "--sms-rate", "300")
 
 
 def check_small_story(summary: dict[str, Any]) -> None:
@@ -31,6 +32,9 @@ def check_small_story(summary: dict[str, Any]) -> None:
     assert any("reowned_after_s" in event for event in summary["events"]), events
     # Every handler start is counted; those beyond the first are re-runs the provider absorbed.
     assert summary["handler_runs"]["total"] >= 13
+    fairness = summary["fairness"]
+    assert fairness["sms_rate_limit"] == 300 and fairness["reminders"] >= 8
+    assert fairness["board_sms_per_s"] is not None
 
 
 @pytest.mark.timeout(150)
