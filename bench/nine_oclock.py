@@ -42,6 +42,20 @@ hold every shard again, the first message under a new owner's lease token, and
 messages published under a stale token. The killed dispatcher's -9 is not a failure,
 and repeats after a takeover are reported, not failed on.
 
+`fairness` is results day under the provider's limit (`bench/nine/fairness.py`): before
+the dispatchers start (default 2), `scheduler limits set` gives a global rate of
+`--global-rate` cost units/s (default 2,000) and the weights board 1, college 1, gold 3,
+free 1. At M the board's `--board-tasks` (400) tasks of cost `--board-cost` (75: 30,000
+SMS) and `--weight-tasks` (3,000) tasks of cost 1 each for gold and free fall due; at
+M + `--college-at-s` (5) the college's `--college-tasks` (50) of cost 1, priority high.
+`--tasks` is their sum. From the Kafka timestamps (the moment the gate released each
+message): per tenant tasks, units, release lateness p50/p90/p99/max and first/last
+release; the most units in any 1-s window against the global rate (more is a failure);
+the board's drain rate over the middle 10 s of its releases; gold/free units while both
+were backlogged (M + 1 s until the first ran dry, less 1 s) against 3. The fire-rate
+target does not apply (the rate is the limit's); college p99 <= 2 s, drain >= 90% of the
+rate and the ratio within 10% of 3 are its targets.
+
 `--backend embedded` runs the same on the SQLite store, log and coordinator in the work
 directory: no Kafka, so the ceiling is the SQLite queue's insert rate, and the ready
 topics are read from `queue.db` on a thread (`TopicScanner`, with the time the queue
@@ -66,6 +80,7 @@ How to run
     .venv/bin/python bench/nine_oclock.py --workers 2 --worker-concurrency 64 --out /tmp/nine-w.json
     .venv/bin/python bench/nine_oclock.py --scenario failover --out /tmp/nine-failover.json
     .venv/bin/python bench/nine_oclock.py --scenario pause --backend embedded --out /tmp/nine-pause-e.json
+    .venv/bin/python bench/nine_oclock.py --scenario fairness --out /tmp/nine-fair.json
 
 The servers are found as the scheduler finds them (`SCHEDULER_CASSANDRA_HOSTS`,
 `SCHEDULER_CASSANDRA_PORT`, `SCHEDULER_KAFKA_BOOTSTRAP`, `SCHEDULER_ZOOKEEPER_HOSTS`;
@@ -88,6 +103,7 @@ This file is the command line and the exit status; the rest is in `bench/nine/`:
     deployment.py  the keyspace, topics and ZooKeeper root; the dispatcher processes
     disruption.py  the kill or pause of a failover or pause run, and the re-owning of shards
     takeover.py    what the messages' lease tokens say about the takeover
+    fairness.py    the fairness scenario: its limits, its tasks, its figures per tenant and overall
     workers.py     the worker processes (`--workers`) and the handler starts they record
     ceiling.py     the raw Kafka ceiling (and the worker bench's ceilings)
     reader.py      reading back the ready topics, on a thread or in a process
@@ -137,6 +153,7 @@ from bench.nine.settings import (
     SCENARIOS,
     SHARDS,
     WORKER_CONCURRENCY,
+    FairnessMix,
     Options,
 )
 
@@ -152,7 +169,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--scenario", choices=SCENARIOS, default="burst",
                         help="burst: the dispatchers alone (default); failover: the first dispatcher is killed "
                              "(SIGKILL) mid-burst and the others take its shards once its lease expires; pause: it "
-                             "is stopped (SIGSTOP) mid-burst for --pause-s, then continued (SIGCONT)")
+                             "is stopped (SIGSTOP) mid-burst for --pause-s, then continued (SIGCONT); fairness: "
+                             "tenants of different weights and sizes under a global rate (--global-rate); "
+                             "--tasks is then the sum of --board-tasks, 2 x --weight-tasks and --college-tasks")
     parser.add_argument("--backend", choices=("cassandra", "embedded"), default="cassandra",
                         help="cassandra: Cassandra, Kafka and ZooKeeper (default); embedded: the embedded "
                              "single-machine backend, SQLite files in the work directory (no Kafka: the ceiling "
@@ -204,6 +223,21 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "(0-16, default 0: the dispatchers alone)")
     parser.add_argument("--worker-concurrency", type=int, default=WORKER_CONCURRENCY,
                         help=f"--concurrency of each worker (default {WORKER_CONCURRENCY})")
+    fair = FairnessMix()
+    parser.add_argument("--global-rate", type=float, default=fair.global_rate,
+                        help=f"fairness: the global rate, cost units a second (default {fair.global_rate:,.0f})")
+    parser.add_argument("--board-tasks", type=int, default=fair.board_tasks,
+                        help=f"fairness: the board's tasks, due at M (default {fair.board_tasks})")
+    parser.add_argument("--board-cost", type=int, default=fair.board_cost,
+                        help=f"fairness: the cost of each of the board's tasks (default {fair.board_cost})")
+    parser.add_argument("--weight-tasks", type=int, default=fair.weight_tasks,
+                        help=f"fairness: tasks of cost 1 for each of gold (weight 3) and free (weight 1), due at M "
+                             f"(default {fair.weight_tasks:,})")
+    parser.add_argument("--college-tasks", type=int, default=fair.college_tasks,
+                        help=f"fairness: the college's tasks of cost 1, priority high (default {fair.college_tasks})")
+    parser.add_argument("--college-at-s", type=float, default=fair.college_at_s,
+                        help=f"fairness: the college's tasks fall due this long after M (default "
+                             f"{fair.college_at_s:g})")
     parser.add_argument("--no-align", dest="align", action="store_false",
                         help="start the burst at the first whole second at least the lead ahead instead of a "
                              "minute boundary (quick checks: no wait for the next minute; the burst may straddle "
@@ -212,6 +246,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
     for name, value in SCENARIO_DEFAULTS[args.scenario].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    mix: FairnessMix | None = None
+    if args.scenario == "fairness":
+        if (min(args.board_tasks, args.weight_tasks, args.college_tasks) < 1 or not 1 <= args.board_cost <= 10_000
+                or not 0 < args.global_rate <= 10_000_000 or not 0 <= args.college_at_s <= 59):
+            parser.error("--board-tasks, --weight-tasks, --college-tasks >= 1, --board-cost 1 to 10,000, "
+                         "--global-rate above 0, --college-at-s 0 to 59")
+        mix = FairnessMix(args.board_tasks, args.board_cost, args.weight_tasks, args.college_tasks,
+                          args.college_at_s, args.global_rate)
+        args.tasks = mix.tasks
+        args.spread_s = max(args.spread_s, int(args.college_at_s) + 1)
     if args.event_at_s is None:
         args.event_at_s = args.spread_s / 2
     if args.tasks < 1 or not 1 <= args.spread_s <= 60 or not 1 <= args.dispatchers <= SHARDS:
@@ -220,7 +264,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
         parser.error("--payload-bytes >= 0, --tenants >= 1, --lead-s >= 5, --ceiling-messages >= 100")
     if not 0 <= args.workers <= 16 or not 1 <= args.worker_concurrency <= 1024:
         parser.error("--workers 0 to 16, --worker-concurrency 1 to 1024")
-    if args.scenario != "burst":
+    if args.scenario in ("failover", "pause"):
         if args.dispatchers < 2:
             parser.error(f"--scenario {args.scenario} needs --dispatchers 2 or more: one to lose, one to take over")
         if not 0 <= args.event_at_s <= args.spread_s or args.pause_s <= 0:
@@ -232,7 +276,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
     return args, Options(args.tasks, args.spread_s, args.dispatchers, args.payload_bytes, args.tenants,
                          args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy,
                          args.workers, args.worker_concurrency, args.align, args.scenario,
-                         args.event_at_s if args.scenario != "burst" else None, args.pause_s, args.backend)
+                         args.event_at_s if args.scenario in ("failover", "pause") else None, args.pause_s,
+                         args.backend, mix)
 
 
 def defaults(name: str, form: str) -> str:

@@ -86,18 +86,23 @@ class ServerBackend:
 
     name = "cassandra"
 
-    def __init__(self) -> None:
+    def __init__(self, log_append_time: bool = True) -> None:
+        """`log_append_time`: the ready topics stamp each message when Kafka stores it
+        (the burst's lateness); False: they keep the dispatcher's stamp, the moment its gate
+        released the message (the fairness scenario's rates)."""
         self.deployment = Deployment.fresh()
+        self.log_append_time = log_append_time
 
     def create(self, cleanup: list[Callable[[], None]], keep: bool) -> None:
         connection = connect(self.deployment.cassandra)
         cleanup.append(connection.close)
-        self.deployment.create(connection, cleanup, keep)
+        self.deployment.create(connection, cleanup, keep, self.log_append_time)
 
     def describe(self) -> dict[str, Any]:
         d = self.deployment
         return {"backend": self.name, "keyspace": d.cassandra.keyspace, "topic_prefix": d.kafka.topic_prefix,
-                "zookeeper_root": d.zookeeper.root}
+                "zookeeper_root": d.zookeeper.root,
+                "ready_timestamps": "LogAppendTime" if self.log_append_time else "CreateTime (release moment)"}
 
     def summary(self) -> str:
         d = self.deployment
@@ -150,6 +155,7 @@ class EmbeddedBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "db": str(self.db), "queue": str(self.queue_path),
+                "ready_timestamps": "queue write time",
                 "coordinator": str(self.db.with_name("coordinator.db")), "topic_prefix": self.kafka.topic_prefix}
 
     def summary(self) -> str:

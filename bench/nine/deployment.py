@@ -79,9 +79,12 @@ class Deployment:
         return {"SCHEDULER_BACKEND": "cassandra", **environment(self.cassandra, self.kafka, self.zookeeper),
                 "SCHEDULER_LEASE_TIMEOUT_S": str(LEASE_TIMEOUT_S)}
 
-    def create(self, connection: CassandraConnection, cleanup: list[Callable[[], None]], keep: bool) -> None:
-        """Keyspace, topics (ready topics stamped `LogAppendTime`), ceiling topic; each
-        registered for removal unless `keep`."""
+    def create(self, connection: CassandraConnection, cleanup: list[Callable[[], None]], keep: bool,
+               log_append_time: bool = True) -> None:
+        """Keyspace, topics (ready topics stamped `LogAppendTime`, unless not
+        `log_append_time`: then they keep the producer's `CreateTime`, the moment the
+        dispatcher's gate released each message), ceiling topic; each registered for
+        removal unless `keep`."""
         if not keep:
             cleanup.append(self.remove)
         schema.apply(connection, self.cassandra)
@@ -91,6 +94,8 @@ class Deployment:
                                                 replication_factor=-1)], request_timeout=30)
         for future in created.values():
             future.result(timeout=60)
+        if not log_append_time:
+            return
         stamped = admin.incremental_alter_configs([
             ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[
                 ConfigEntry("message.timestamp.type", "LogAppendTime", incremental_operation=AlterConfigOpType.SET)])

@@ -270,6 +270,8 @@ def table(doc: dict[str, Any]) -> list[str]:
             lines.append("  cores until handled     " + ", ".join(f"{k} {v}" for k, v in handling_cpu.items()))
     if doc.get("event"):
         lines += event_lines(doc["event"], doc.get("takeover") or {}, number)
+    if doc.get("fairness"):
+        lines += fairness_lines(doc["fairness"], doc["ceiling"], number)
     burst_cpu = doc.get("cpu_burst", {}).get("cores", {})
     if burst_cpu:
         lines.append("  cores used in the burst " + ", ".join(f"{k} {v}" for k, v in burst_cpu.items()))
@@ -277,7 +279,7 @@ def table(doc: dict[str, Any]) -> list[str]:
     lines.append("  targets missed:         " + (", ".join(
         f"{c['figure']} ({number(c['value'])}; target {c['target']})" for c in doc["targets"] if c["met"] is False)
         if missed else "none"))
-    if doc["burst"]["due_per_s"] < TARGET_FIRE_RATE:
+    if doc["burst"]["due_per_s"] < TARGET_FIRE_RATE and not doc.get("fairness"):
         lines.append(f"  (only {doc['burst']['due_per_s']:,} tasks/s fall due: the fire-rate target needs "
                      f"--tasks / --spread-s of at least {TARGET_FIRE_RATE:,})")
     for warning in doc["warnings"]:
@@ -317,6 +319,37 @@ def event_lines(event: dict[str, Any], takeover: dict[str, Any], number: Any) ->
         f"after its lease expired, {number(takeover.get('after_new_owner_first'))} after a newer token's first "
         f"on the shard; old owner after the event {number(takeover.get('old_owner_messages_after_event'))}",
     ]
+
+
+def fairness_lines(fair: dict[str, Any], ceiling: dict[str, Any], number: Any) -> list[str]:
+    """The table's lines for the fairness scenario: each tenant, the global rate, the
+    board's drain and the weights, the raw ceiling beside them."""
+    rate, drain, weights = fair["global_rate"], fair["board_drain"], fair["weights"]
+    kind = "Kafka" if ceiling["kind"] == "kafka_produce" else "SQLite queue"
+    lines = ["  fairness                tenant   weight  tasks   units   release lateness p50 / p90 / p99 / max ms"
+             "   first - last release after M"]
+    for name, tenant in fair["tenants"].items():
+        late = tenant["lateness_ms"]
+        lines.append(f"    {name:<22}{tenant['weight']:>6}  {tenant['tasks']:>6,} {tenant['units']:>7,}   "
+                     f"{number(late['p50'])} / {number(late['p90'])} / {number(late['p99'])} / {number(late['max'])}"
+                     f"   {number(tenant['first_release_after_minute_ms'])} - "
+                     f"{number(tenant['last_release_after_minute_ms'])} ms")
+    lines += [
+        f"  global rate             at most {number(rate['max_units_in_1s'])} units in any 1 s (limit "
+        f"{number(rate['configured_units_per_s'])} units/s: {'within' if rate['within'] else 'OVER'}); raw "
+        f"{kind} ceiling {number(ceiling['msgs_per_s'])} msgs/s"
+        + (f" (LOCAL-CLUSTER.md: {REFERENCE_CEILINGS['kafka_produce_msgs_per_s']})"
+           if ceiling["kind"] == "kafka_produce" else ""),
+        f"  board drain             {number(drain['units_per_s'])} units/s over {number(drain['window_ms'], ' ms')} "
+        f"in the middle of its releases ({(drain['vs_global_rate'] or 0) * 100:.0f}% of the global rate)",
+        f"  weights                 gold/free "
+        f"{'n/a' if weights['ratio'] is None else format(weights['ratio'], '.2f')} (configured "
+        f"{number(weights['configured_ratio'])}; error {(weights['error'] or 0) * 100:+.1f}%) over "
+        f"{number(weights['window_ms'], ' ms')} both backlogged"
+        + (f" ({number(weights.get('gold_units'))} / {number(weights.get('free_units'))} units)"
+           if weights.get("gold_units") is not None else ""),
+    ]
+    return lines
 
 
 def emit(document: dict[str, Any], out: Path | None, as_json: bool) -> None:

@@ -14,7 +14,16 @@ In a failover or pause scenario, the first dispatcher is killed or paused at the
 moment of the burst (`disruption.py`), the run goes on until the others hold every
 shard again (and a pause is over), and the messages are set against the lease tokens
 (`takeover.py`). The killed dispatcher's SIGKILL is not a failure; repeats after the
-takeover are reported, not failed on."""
+takeover are reported, not failed on.
+
+In the fairness scenario the limits are set before the dispatchers start (`scheduler
+limits set`), the workload is `fairness.submissions`, the wait for the releases is
+longer by the time the global rate takes to let every unit out, and the figures of
+`fairness.py` are added (`fairness`) with their targets in place of the fire rate's; on
+Kafka the ready topics keep the dispatcher's stamps (`CreateTime`, the moment of
+release), and a second with more units than the global rate is a failure. (The
+embedded queue stamps a message when it writes it, up to a tick after its release: there
+the window figure is reported, not failed on.)"""
 
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ from .backends import Backend, EmbeddedBackend, ServerBackend
 from .common import BenchFailure, clock, echo, now_ms
 from .deployment import Fleet, Profiler
 from .disruption import Disruption
+from .fairness import apply_limits, fairness_checks, fairness_figures, submissions
 from .proc import cpu_snapshot, cpu_window, server_pids
 from .progress import Phases
 from .report import analyse, handling_figures, judge, memory_figures, relative
@@ -76,13 +86,18 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         backend = EmbeddedBackend(work_dir / "embedded")
         servers: dict[str, int] = {}
     else:  # the servers first: one that cannot be reached leaves no work directory behind
-        backend = ServerBackend()
+        backend = ServerBackend(log_append_time=options.fairness is None)
         servers = server_pids()
     document["deployment"] = {**backend.describe(), "kept": options.keep}
     backend.create(cleanup, options.keep)
     if options.backend != "embedded":
         work_dir = make_work_dir()
     echo(f"deployment: {backend.summary()}, logs in {work_dir}")
+    mix = options.fairness
+    if mix is not None:
+        document["limits"] = apply_limits(mix, backend.env(), backend.arguments())
+        echo(f"limits: global rate {mix.global_rate:,.0f} units/s, weights "
+             + ", ".join(f"{name} {row['weight']}" for name, row in document["limits"]["tenants"].items()))
 
     text_len = text_length_for(options.payload_bytes)
     like = Burst(now_ms(), options.tasks, options.spread_s * 1000, text_len, options.tenants)
@@ -100,7 +115,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     document["burst"] = {"minute": datetime.fromtimestamp(minute_ms / 1000, timezone.utc).isoformat(),
                          "minute_ms": minute_ms, "due_per_s": round(options.tasks / options.spread_s)}
     echo(f"burst minute M = {clock(minute_ms)} UTC; ingesting {options.tasks:,} tasks ...")
-    items = burst.submissions(seed=1)
+    items = burst.submissions(seed=1) if mix is None else submissions(mix, minute_ms, text_len, seed=1)
     document["ingest"], expected = backend.ingest(items, lambda stored: phases.update("ingest", stored, options.tasks))
     del items
     ingested_ms = now_ms()
@@ -119,7 +134,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     disruption: Disruption | None = None
     try:
         fleet.start(options.dispatchers)
-        if options.scenario != "burst":
+        if options.scenario in ("failover", "pause"):
             event_at_ms = minute_ms + round((options.event_at_s or 0) * 1000)
             disruption = Disruption.plan(options.scenario, fleet.members, event_at_ms, options.pause_s)
         if workers is not None:
@@ -177,6 +192,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
             profiler.start("burst")
         cpu_burst = cpu_snapshot(pids)
         deadline_ms = minute_ms + (options.spread_s + AFTER_BURST_S) * 1000
+        if mix is not None:  # the global rate lets the units out over this long, at the least
+            deadline_ms += math.ceil(mix.drain_s * 1000)
         # Workers may lag the burst: they get as long again as at least WORKER_RATE_FLOOR tasks/s needs.
         limit_ms = deadline_ms + (options.tasks * 1000 // WORKER_RATE_FLOOR if workers is not None else 0)
         timeline: list[dict[str, Any]] = []
@@ -277,6 +294,15 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         result["handling"] = handling_figures(workers.records(), expected, burst, settled[1] if settled else None)
     document.update(result)
     document["targets"] = judge(result)
+    if mix is not None:
+        result["fairness"] = fairness_figures(records, expected, minute_ms, mix, ceiling.get("msgs_per_s"),
+                                              release_stamps=backend.name == "cassandra")
+        document["fairness"] = result["fairness"]
+        # The global rate sets the pace and the backlogged tenants wait by design: the burst's
+        # fire-rate and overall lateness targets give way to the college's and the rate's.
+        replaced = {"fire rate", "lateness p99", "lateness max"}
+        document["targets"] = ([check for check in document["targets"] if check["figure"] not in replaced]
+                               + fairness_checks(result["fairness"], mix))
     document["missed"] = [check["figure"] for check in document["targets"] if check["met"] is False]
     killed = disruption.victim if disruption is not None and disruption.kind == "kill" else None
     failures = [f"{m.name} exited with status {code}" for m, code in zip(fleet.members, codes, strict=True)
@@ -287,6 +313,9 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         failures.append(f"{result['delivery']['lost']:,} tasks were never published")
     if result["lateness_ms"]["early"]:
         failures.append(f"{result['lateness_ms']['early']:,} tasks were published before their time")
+    if mix is not None and backend.name == "cassandra" and not result["fairness"]["global_rate"]["within"]:
+        failures.append(f"{result['fairness']['global_rate']['max_units_in_1s']:,} units were released within one "
+                        f"second, over the global rate of {mix.global_rate:,.0f}")
     if workers is not None:
         worker_failures, worker_warnings = workers.exit_problems((0, -signal.SIGTERM))
         failures += worker_failures

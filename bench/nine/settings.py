@@ -37,17 +37,21 @@ WORKER_RATE_FLOOR = 500
 """With `--workers`, the bench waits for them up to tasks / this many seconds past the
 dispatchers' deadline (M + S + `AFTER_BURST_S`)."""
 
-SCENARIOS = ("burst", "failover", "pause")
+SCENARIOS = ("burst", "failover", "pause", "fairness")
 """burst: the dispatchers alone; failover: one dispatcher is killed (SIGKILL) mid-burst;
-pause: one is stopped (SIGSTOP) mid-burst for `--pause-s`, then continued (SIGCONT)."""
+pause: one is stopped (SIGSTOP) mid-burst for `--pause-s`, then continued (SIGCONT);
+fairness: results day under a global rate, tenants of different weights (`FairnessMix`)."""
 SCENARIO_DEFAULTS: dict[str, dict[str, int]] = {
     "burst": {"tasks": 300_000, "spread_s": 10, "dispatchers": 1},
     "failover": {"tasks": 150_000, "spread_s": 30, "dispatchers": 2},
     "pause": {"tasks": 150_000, "spread_s": 30, "dispatchers": 2},
+    "fairness": {"tasks": 6_450, "spread_s": 6, "dispatchers": 2},
 }
 """What `--tasks`, `--spread-s` and `--dispatchers` default to in each scenario: a
 failover or pause needs a second dispatcher to take over, and a burst long enough to
-show the gap and the recovery (the lease alone takes `LEASE_TIMEOUT_S` to expire)."""
+show the gap and the recovery (the lease alone takes `LEASE_TIMEOUT_S` to expire). In
+the fairness scenario `--tasks` is the sum of its mix (`FairnessMix.tasks`), and the
+spread covers the college's due moment."""
 PAUSE_DEFAULT_S = LEASE_TIMEOUT_S + 5
 """How long a pause lasts by default: past the lease, so the paused dispatcher's shards
 go to the others and it comes back to find its leases gone."""
@@ -62,6 +66,44 @@ REFERENCE_CEILINGS = {
     "cassandra_insert_rows_per_s": "17k-35k rows/s (single-partition UNLOGGED batches)",
     "zookeeper_sync_writes_per_s": "~380/s",
 }
+
+
+FAIRNESS_WEIGHTS = {"board": 1, "college": 1, "gold": 3, "free": 1}
+"""The tenants of the fairness scenario and the weights the bench sets for them."""
+TARGET_COLLEGE_P99_MS = 2_000
+"""Fairness: the college's release lateness (Kafka timestamp - run_at), p99."""
+TARGET_WEIGHT_ERROR = 0.10
+"""Fairness: gold/free units while both were backlogged within this share of 3."""
+TARGET_DRAIN_SHARE = 0.90
+"""Fairness: the board drains at least this share of the global rate in its middle 10 s."""
+
+
+@dataclass(frozen=True)
+class FairnessMix:
+    """The fairness scenario's workload and limits: at M the board's `board_tasks` of
+    `board_cost` units each and `weight_tasks` tasks of cost 1 for each of gold (weight 3)
+    and free (weight 1); at M + `college_at_s` the college's `college_tasks` of cost 1,
+    priority high; everything under a global rate of `global_rate` units/s."""
+
+    board_tasks: int = 400
+    board_cost: int = 75
+    weight_tasks: int = 3_000
+    college_tasks: int = 50
+    college_at_s: float = 5.0
+    global_rate: float = 2_000.0
+
+    @property
+    def tasks(self) -> int:
+        return self.board_tasks + 2 * self.weight_tasks + self.college_tasks
+
+    @property
+    def units(self) -> int:
+        return self.board_tasks * self.board_cost + 2 * self.weight_tasks + self.college_tasks
+
+    @property
+    def drain_s(self) -> float:
+        """How long the global rate takes to let every unit out."""
+        return self.units / self.global_rate
 
 
 @dataclass(frozen=True)
@@ -90,3 +132,5 @@ class Options:
     """pause: how long the victim stays stopped."""
     backend: str = "cassandra"
     """cassandra (Cassandra, Kafka, ZooKeeper) or embedded (the SQLite files)."""
+    fairness: FairnessMix | None = None
+    """fairness: the workload and limits; None in the other scenarios."""

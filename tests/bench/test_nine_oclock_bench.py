@@ -9,7 +9,15 @@ The failover run (real servers) and the pause run (embedded backend, no servers)
 the burst at the next whole second instead (`--no-align`) and take about a minute each,
 most of it the lost dispatcher's lease running out. Their lateness is not asserted
 either: only that nothing was lost or early, that the other dispatcher took every shard
-of the lost one, and that no message went out under a stale lease token."""
+of the lost one, and that no message went out under a stale lease token.
+
+The fairness runs (a small results day under a global rate of 1,000 units/s, `--no-align`,
+about 50 s on the servers, 30 s embedded) do assert the fairness figures, which are the
+gate's promises rather than timings: never more units in a second than the global rate,
+the college's 10 tasks out within 2 s of their time behind the board's backlog, and gold
+(weight 3) getting three times free's units while both wait. Gold and free have 3,000
+tasks each so that both stay backlogged past M + 2 s (gold drains at 600 units/s), which
+the ratio's window (M + 1 s to the first one's last release, less 1 s) needs."""
 
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -43,10 +52,12 @@ def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     assert shown.returncode == 0, shown.stderr
     for option in ("--tasks", "--spread-s", "--dispatchers", "--payload-bytes", "--tenants", "--lead-s", "--out",
                    "--keep", "--reader", "--scenario", "--event-at-s", "--pause-s", "--plot", "--workers",
-                   "--no-align", "--backend"):
+                   "--no-align", "--backend", "--global-rate", "--board-tasks", "--board-cost",
+                   "--weight-tasks", "--college-tasks", "--college-at-s"):
         assert option in shown.stdout
     text = " ".join(shown.stdout.split())  # argparse wraps the help to the terminal's width
     assert "failover:" in text and "pause:" in text and "150,000 (failover, pause)" in text
+    assert "fairness:" in text and "6,450 (fairness)" in text
     refused = subprocess.run([sys.executable, str(BENCH), "--spread-s", "61"], capture_output=True, text=True,
                              timeout=50)
     assert refused.returncode == 2 and "--spread-s 1 to 60" in refused.stderr
@@ -161,3 +172,67 @@ def test_a_tiny_pause_on_the_embedded_backend_loses_nothing_and_the_paused_dispa
     assert not any(alive(d["pid"]) for d in document["dispatchers"])
     assert not Path(document["deployment"]["db"]).exists() and document["work_dir"] is None
     assert (tmp_path / "pause.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+FAIRNESS_RATE = 1000
+FAIRNESS_ARGS = ("--scenario", "fairness", "--board-tasks", "40", "--board-cost", "75", "--weight-tasks", "3000",
+                 "--college-tasks", "10", "--global-rate", str(FAIRNESS_RATE), "--lead-s", "10", "--no-align",
+                 "--ceiling-messages", "10000")
+FAIRNESS_TASKS = 40 + 2 * 3000 + 10
+
+
+def check_fairness_document(document: dict[str, Any], window_allowance: int) -> None:
+    """What both backends' fairness runs promise (see the module's docstring)."""
+    assert document["scenario"] == "fairness" and document["failures"] == []
+    delivery = document["delivery"]
+    assert delivery["expected"] == delivery["published"] == FAIRNESS_TASKS and delivery["lost"] == 0
+    assert document["lateness_ms"]["early"] == 0
+    assert document["limits"]["global_rate"] == FAIRNESS_RATE
+    assert document["limits"]["tenants"]["gold"]["weight"] == 3
+    fairness = document["fairness"]
+    tenants = fairness["tenants"]
+    assert set(tenants) == {"board", "college", "gold", "free"}
+    assert (tenants["board"]["tasks"], tenants["board"]["units"]) == (40, 3000)
+    assert (tenants["gold"]["units"], tenants["free"]["units"], tenants["college"]["tasks"]) == (3000, 3000, 10)
+    for tenant in tenants.values():
+        late = tenant["lateness_ms"]
+        assert late["early"] == 0 and late["p50"] <= late["p90"] <= late["p99"] <= late["max"]
+        assert tenant["first_release_after_minute_ms"] <= tenant["last_release_after_minute_ms"]
+    assert fairness["global_rate"]["max_units_in_1s"] <= FAIRNESS_RATE + window_allowance, fairness["global_rate"]
+    assert tenants["college"]["lateness_ms"]["p99"] <= 2000, tenants["college"]
+    weights = fairness["weights"]
+    assert weights["window_ms"] >= 1000 and abs(weights["ratio"] / 3 - 1) <= 0.15, weights
+    assert {"max units in 1 s", "college lateness p99", "board drain rate", "gold/free ratio"} <= {
+        check["figure"] for check in document["targets"]}
+    assert not any(alive(d["pid"]) for d in document["dispatchers"])
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150)
+def test_a_tiny_results_day_keeps_the_global_rate_serves_the_college_and_meets_the_weights(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    out = tmp_path / "fair.json"
+    code, stdout, stderr = run_bench(cluster_env(cluster), *FAIRNESS_ARGS, "--out", str(out))
+    assert code == 0, stderr
+    assert "nine o'clock (fairness): 6,050 tasks due over 6 s" in stdout
+    assert "global rate             at most" in stdout and "raw Kafka ceiling" in stdout
+    document = json.loads(out.read_text())
+    assert document["deployment"]["ready_timestamps"] == "CreateTime (release moment)"
+    check_fairness_document(document, window_allowance=0)  # Kafka keeps the dispatchers' release stamps
+    assert [d["exit_code"] for d in document["dispatchers"]] == [0, 0]
+
+
+@pytest.mark.timeout(150)
+def test_a_tiny_results_day_on_the_embedded_backend_serves_the_college_and_meets_the_weights(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "fair-e.json"
+    code, stdout, stderr = run_bench(dict(os.environ), "--backend", "embedded", *FAIRNESS_ARGS, "--out", str(out))
+    assert code == 0, stderr
+    assert "nine o'clock (fairness, embedded backend): 6,050 tasks due over 6 s" in stdout
+    document = json.loads(out.read_text())
+    # The embedded queue stamps a message when it writes it, up to a tick (100 ms) after
+    # its release, so a window of write stamps may catch one tick's releases more.
+    check_fairness_document(document, window_allowance=FAIRNESS_RATE // 10 + 75)
+    assert not Path(document["deployment"]["db"]).exists() and document["work_dir"] is None
