@@ -46,7 +46,7 @@ and repeats after a takeover are reported, not failed on.
 the dispatchers start (default 2), `scheduler limits set` gives a global rate of
 `--global-rate` cost units/s (default 2,000) and the weights board 1, college 1, gold 3,
 free 1. At M the board's `--board-tasks` (400) tasks of cost `--board-cost` (75: 30,000
-SMS) and `--weight-tasks` (3,000) tasks of cost 1 each for gold and free fall due; at
+SMS) and `--weight-tasks` (12,000) tasks of cost 1 each for gold and free fall due; at
 M + `--college-at-s` (5) the college's `--college-tasks` (50) of cost 1, priority high.
 `--tasks` is their sum. From the Kafka timestamps (the moment the gate released each
 message): per tenant tasks, units, release lateness p50/p90/p99/max and first/last

@@ -340,8 +340,9 @@ def fairness_lines(fair: dict[str, Any], ceiling: dict[str, Any], number: Any) -
         f"{kind} ceiling {number(ceiling['msgs_per_s'])} msgs/s"
         + (f" (LOCAL-CLUSTER.md: {REFERENCE_CEILINGS['kafka_produce_msgs_per_s']})"
            if ceiling["kind"] == "kafka_produce" else ""),
-        f"  board drain             {number(drain['units_per_s'])} units/s over {number(drain['window_ms'], ' ms')} "
-        f"in the middle of its releases ({(drain['vs_global_rate'] or 0) * 100:.0f}% of the global rate)",
+        f"  drain                   {number(drain['units_per_s'])} units/s of all tenants over "
+        f"{number(drain['window_ms'], ' ms')} in the middle of the board's releases "
+        f"({(drain['vs_global_rate'] or 0) * 100:.0f}% of the global rate)",
         f"  weights                 gold/free "
         f"{'n/a' if weights['ratio'] is None else format(weights['ratio'], '.2f')} (configured "
         f"{number(weights['configured_ratio'])}; error {(weights['error'] or 0) * 100:+.1f}%) over "

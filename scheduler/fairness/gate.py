@@ -57,6 +57,9 @@ from scheduler.model import MESSAGE_ID_SLICE, peek_release_fields
 PRIORITY_WEIGHTS = (7, 2, 1)
 """Turns of high, normal and low within a tenant's share."""
 
+PRUNE_EVERY_MS = 60_000
+"""How often tenants with nothing left in the gate are forgotten."""
+
 
 class Waiting:
     """One due task in the gate: where it came from, what it costs, and the message."""
@@ -169,6 +172,7 @@ class ReleaseGate:
         self._run_ats: dict[int, list[int]] = {}
         """shard -> heap of the run_ats in `_unsettled` (lazily cleaned)."""
         self.waiting = 0
+        self._pruned_at_ms = 0
 
     # Configuration and ownership.
 
@@ -259,6 +263,8 @@ class ReleaseGate:
         """Let out what the limits allow at `now_ms`, tenants in deficit round robin."""
         out = Release(at_ms=now_ms)
         self._expire(now_ms)
+        if now_ms - self._pruned_at_ms >= PRUNE_EVERY_MS:
+            self._prune(now_ms)
         if not self._ring:
             return out
         limits = self.limits
@@ -392,6 +398,14 @@ class ReleaseGate:
                 held[0].stats.completed += 1
                 freed += 1
         return freed
+
+    def _prune(self, now_ms: int) -> None:
+        """Forget tenants with nothing waiting, nothing running and no rate history: of
+        3,000 colleges, most have nothing due most of the day."""
+        self._pruned_at_ms = now_ms
+        for name, tenant in list(self._tenants.items()):
+            if not tenant.size and not tenant.running and tenant.rate.settled(now_ms):
+                del self._tenants[name]
 
     def _expire(self, now_ms: int) -> None:
         expiries = self._expiries

@@ -82,6 +82,8 @@ class WindowRate:
         self._evict(now_ms)
         return self._sum
 
-    @property
-    def idle(self) -> bool:
-        return not self._log
+    def settled(self, now_ms: int) -> bool:
+        """Nothing in the window and the pace caught up: forgetting this limiter now
+        changes nothing a new one would allow."""
+        self._evict(now_ms)
+        return not self._log and self._tat - self.tolerance_ms <= now_ms

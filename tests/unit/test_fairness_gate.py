@@ -210,3 +210,12 @@ def test_a_message_the_gate_cannot_read_passes_through_to_be_dead_lettered() -> 
     gate = gate_holding_every_shard(Limits(global_rate=10))
     passed = gate.admit(0, [(T0, 1, b"\x93garbage")] + due("t", 1))
     assert passed == {1: [b"\x93garbage"]} and gate.waiting == 1
+
+
+def test_tenants_with_nothing_left_are_forgotten_and_one_still_paced_is_not() -> None:
+    gate = gate_holding_every_shard(Limits(tenants={"slow": TenantLimits(rate=1)}, global_rate=1000))
+    gate.admit(0, due("quick", 5) + due("slow", 1, cost=100))
+    run(gate, T0, 1)
+    assert set(gate.snapshot()) == {"quick", "slow"}
+    gate.release(T0 + 61_000)
+    assert set(gate.snapshot()) == {"slow"}, "slow's pace runs 100 s past its release: it must not start afresh"

@@ -230,15 +230,18 @@ class SqliteQueue:
 
     # Operations for the publisher, the hand-off log and its readers.
 
-    def write(self, batches: Iterable[tuple[str, int, Sequence[bytes]]], *, timeout_s: float | None = None) -> None:
+    def write(self, batches: Iterable[tuple[str, int, Sequence[bytes]]], *, timeout_s: float | None = None,
+              stamps: Sequence[int | None] | None = None) -> None:
         """Append each `(topic, partition, values)` batch at the end of its partition, in
-        order, all in one transaction."""
+        order, all in one transaction; stamped now, or with the batch's `stamps` entry."""
         now_ms = time.time_ns() // 1_000_000
         with self._transaction(timeout_s) as db:
-            for topic, partition, values in batches:
+            for index, (topic, partition, values) in enumerate(batches):
+                stamp = stamps[index] if stamps is not None else None
+                at_ms = now_ms if stamp is None else stamp
                 (first,) = db.execute(_NEXT_OFFSET, (topic, partition)).fetchone()
                 db.executemany(
-                    _INSERT, ((topic, partition, first + n, value, now_ms) for n, value in enumerate(values))
+                    _INSERT, ((topic, partition, first + n, value, at_ms) for n, value in enumerate(values))
                 )
         with self._appended:
             self._appended.notify_all()
@@ -290,17 +293,16 @@ class SqlitePublisher:
 
     def __init__(self, queue: SqliteQueue) -> None:
         self._queue = queue
-        self._buffer: dict[str, list[bytes]] = {}
+        self._buffer: dict[tuple[str, int | None], list[bytes]] = {}
 
     def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
-        """(The embedded log stamps every record with the time it is written.)"""
-        self._buffer.setdefault(topic, []).extend(values)
+        self._buffer.setdefault((topic, timestamp_ms), []).extend(values)
 
     def flush(self, timeout_s: float) -> None:
         buffer, self._buffer = self._buffer, {}
         if buffer:
-            self._queue.write([(topic, READY_PARTITION, values) for topic, values in buffer.items()],
-                              timeout_s=timeout_s)
+            self._queue.write([(topic, READY_PARTITION, values) for (topic, _), values in buffer.items()],
+                              timeout_s=timeout_s, stamps=[stamp for _, stamp in buffer])
 
     def close(self) -> None:
         self._buffer = {}
