@@ -22,6 +22,19 @@ EXTERNAL_CLUSTER_VARIABLES = ("SCHEDULER_CASSANDRA_HOSTS", "SCHEDULER_KAFKA_BOOT
 """Any one of these set means: test against the cluster they name, not deploy/local."""
 
 
+def max_window(releases: Sequence[tuple[int, int]], window_ms: int = 1000) -> int:
+    """The most units in any half-open window `[a, a + window_ms)` of `(at_ms, units)`."""
+    ordered = sorted(releases)
+    best = total = start = 0
+    for at, units in ordered:
+        total += units
+        while ordered[start][0] <= at - window_ms:
+            total -= ordered[start][1]
+            start += 1
+        best = max(best, total)
+    return best
+
+
 def wait_until(condition: Callable[[], T], *, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> T:
     """Poll `condition` until it returns something truthy and return that, or fail
     with `what` once `timeout_s` has passed."""

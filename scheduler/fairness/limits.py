@@ -117,6 +117,33 @@ def tenant_scope(tenant: str) -> str:
     return TENANT_SCOPE_PREFIX + tenant
 
 
+class ScopedRows:
+    """What both store adapters do the same way over their own `_write` (one whole row)
+    and `_delete` (True if the row was there)."""
+
+    def _write(self, scope: str, weight: int | None, cap: int | None, rate: float | None) -> None:
+        raise NotImplementedError
+
+    def _delete(self, scope: str) -> bool:
+        raise NotImplementedError
+
+    def set_tenant(self, tenant: str, limits: TenantLimits) -> None:
+        self._write(tenant_scope(tenant), limits.weight, limits.cap, limits.rate)
+
+    def set_default(self, limits: TenantLimits) -> None:
+        self._write(DEFAULT_SCOPE, limits.weight, limits.cap, limits.rate)
+
+    def set_global_rate(self, rate: float | None) -> None:
+        rate = check_rate(rate)
+        if rate is None:
+            self._delete(GLOBAL_SCOPE)
+        else:
+            self._write(GLOBAL_SCOPE, None, None, rate)
+
+    def delete_tenant(self, tenant: str) -> bool:
+        return self._delete(tenant_scope(tenant))
+
+
 def limits_from_rows(rows: Iterable[Sequence[Any]], log: logging.Logger) -> Limits:
     """The stored rows `(scope, weight, cap, rate)` as one `Limits`. A row that fails the
     checks above (written by hand, or by a newer version) is left out with a warning

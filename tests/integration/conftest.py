@@ -1,4 +1,5 @@
-"""The `deployment` fixture: a whole distributed backend of the test's own."""
+"""The `deployment` fixture: a whole distributed backend of the test's own; and
+`workers`, a fleet of `scheduler worker` processes on it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from scheduler.producer import Client
 from scheduler.settings import CassandraSettings, KafkaSettings
 from tests.cluster import Cluster, unique_name
 from tests.dispatchers import LEASE_TIMEOUT_S, Deployment, Fleet, ReadyTopics
+from tests.workers import Workers
 
 
 @pytest.fixture
@@ -49,3 +51,12 @@ def deployment(cluster: Cluster, keyspace: CassandraSettings, zk_root: KazooClie
         delete_topics(kafka)
         if zk_root.exists(root):
             zk_root.delete(root, recursive=True)
+
+
+@pytest.fixture
+def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
+    fleet = Workers(deployment.fleet.env, tmp_path, tmp_path / "sink.db")
+    try:
+        yield fleet
+    finally:
+        fleet.stop_all()

@@ -11,26 +11,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from scheduler.model import Priority, TaskId, from_ms
 from scheduler.producer import Submission
 from tests.dispatchers import Deployment, Published
-from tests.support import run_cli, wait_until
+from tests.support import max_window, run_cli, wait_until
 from tests.workers import Workers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def workers(deployment: Deployment, tmp_path: Path) -> Iterable[Workers]:
-    fleet = Workers(deployment.fleet.env, tmp_path, tmp_path / "sink.db")
-    try:
-        yield fleet
-    finally:
-        fleet.stop_all()
 
 
 def at(ms: int) -> datetime:
@@ -48,17 +38,9 @@ def submit(deployment: Deployment, items: Iterable[Submission]) -> list[TaskId]:
     return [task_id for task_id in report.ids if task_id is not None]
 
 
-def max_window_units(messages: Sequence[Published], window_ms: int = 1000) -> int:
-    """The most cost units stamped in any half-open window `[a, a + window_ms)`."""
-    stamps = sorted((m.at_ms, m.cost) for m in messages)
-    best = total = start = 0
-    for stamp, cost in stamps:
-        total += cost
-        while stamps[start][0] <= stamp - window_ms:
-            total -= stamps[start][1]
-            start += 1
-        best = max(best, total)
-    return best
+def max_window_units(messages: Sequence[Published]) -> int:
+    """The most cost units stamped in any half-open one-second window."""
+    return max_window([(m.at_ms, m.cost) for m in messages])
 
 
 def percentile(values: Sequence[int], q: float) -> int:

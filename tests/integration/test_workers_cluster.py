@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -36,15 +36,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 DEFAULT_POOL_PARTITIONS = 12
 """high, normal and low, 4 partitions each (the deployment fixture's topics)."""
-
-
-@pytest.fixture
-def workers(deployment: Deployment, tmp_path: Path) -> Iterator[Workers]:
-    fleet = Workers(deployment.fleet.env, tmp_path, tmp_path / "sink.db")
-    try:
-        yield fleet
-    finally:
-        fleet.stop_all()
 
 
 def at(ms: int) -> datetime:

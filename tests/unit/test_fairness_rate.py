@@ -5,20 +5,7 @@ from __future__ import annotations
 import random
 
 from scheduler.fairness.rate import WindowRate
-
-
-def max_window(releases: list[tuple[int, int]], window_ms: int = 1000) -> int:
-    """The most units released in any half-open window `[a, a + window_ms)`."""
-    releases = sorted(releases)
-    best = total = 0
-    start = 0
-    for at, units in releases:
-        total += units
-        while releases[start][0] <= at - window_ms:
-            total -= releases[start][1]
-            start += 1
-        best = max(best, total)
-    return best
+from tests.support import max_window
 
 
 def drain(limiter: WindowRate, rate: float, costs: list[int], ticks: list[int]) -> list[tuple[int, int]]:

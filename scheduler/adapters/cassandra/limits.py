@@ -19,13 +19,9 @@ from cassandra.cluster import NoHostAvailable
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.fairness.limits import (
-    DEFAULT_SCOPE,
-    GLOBAL_SCOPE,
     Limits,
-    TenantLimits,
-    check_rate,
+    ScopedRows,
     limits_from_rows,
-    tenant_scope,
 )
 from scheduler.settings import check_keyspace
 
@@ -42,7 +38,7 @@ _QUERIES = {
 log = logging.getLogger(__name__)
 
 
-class CassandraLimitsStore:
+class CassandraLimitsStore(ScopedRows):
     """The distributed `LimitsStore`, on a task store's session
     (`CassandraLimitsStore.for_store`). Thread-safe (the driver's session is)."""
 
@@ -76,21 +72,7 @@ class CassandraLimitsStore:
             raise StoreError(f"limits store read failed: {type(exc).__name__}: {exc}") from exc
         return limits_from_rows(rows, log)
 
-    def set_tenant(self, tenant: str, limits: TenantLimits) -> None:
-        self._write(tenant_scope(tenant), limits.weight, limits.cap, limits.rate)
-
-    def set_default(self, limits: TenantLimits) -> None:
-        self._write(DEFAULT_SCOPE, limits.weight, limits.cap, limits.rate)
-
-    def set_global_rate(self, rate: float | None) -> None:
-        rate = check_rate(rate)
-        if rate is None:
-            self._run("delete", (GLOBAL_SCOPE,))
-        else:
-            self._write(GLOBAL_SCOPE, None, None, rate)
-
-    def delete_tenant(self, tenant: str) -> bool:
-        scope = tenant_scope(tenant)
+    def _delete(self, scope: str) -> bool:
         if self._run("exists", (scope,)).one() is None:
             return False
         self._run("delete", (scope,))

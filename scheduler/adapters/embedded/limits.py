@@ -19,13 +19,9 @@ from pathlib import Path
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, locked_transaction, open_db
 from scheduler.errors import StoreError
 from scheduler.fairness.limits import (
-    DEFAULT_SCOPE,
-    GLOBAL_SCOPE,
     Limits,
-    TenantLimits,
-    check_rate,
+    ScopedRows,
     limits_from_rows,
-    tenant_scope,
 )
 
 SCHEMA = """
@@ -41,7 +37,7 @@ CREATE TABLE IF NOT EXISTS tenant_limits (
 log = logging.getLogger(__name__)
 
 
-class SqliteLimitsStore:
+class SqliteLimitsStore(ScopedRows):
     """The embedded `LimitsStore`, in the SQLite file at `path` (usually the task
     store's). Thread-safe; processes sharing the file see one store."""
 
@@ -79,21 +75,6 @@ class SqliteLimitsStore:
                 raise StoreError(f"limits store read failed: {exc}") from exc
         return limits_from_rows(rows, log)
 
-    def set_tenant(self, tenant: str, limits: TenantLimits) -> None:
-        self._write(tenant_scope(tenant), limits.weight, limits.cap, limits.rate)
-
-    def set_default(self, limits: TenantLimits) -> None:
-        self._write(DEFAULT_SCOPE, limits.weight, limits.cap, limits.rate)
-
-    def set_global_rate(self, rate: float | None) -> None:
-        rate = check_rate(rate)
-        if rate is None:
-            self._delete(GLOBAL_SCOPE)
-        else:
-            self._write(GLOBAL_SCOPE, None, None, rate)
-
-    def delete_tenant(self, tenant: str) -> bool:
-        return self._delete(tenant_scope(tenant))
 
     def close(self) -> None:
         with self._lock:
