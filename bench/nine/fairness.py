@@ -118,6 +118,16 @@ def max_window_units(released: Iterable[tuple[int, int]], window_ms: int = WINDO
     return best, at
 
 
+def per_second(released: Iterable[tuple[int, int]], minute_ms: int) -> list[int]:
+    """Units released in each second after M (for the plot)."""
+    counts: list[int] = []
+    for stamp, cost in released:
+        second = max(0, (stamp - minute_ms) // 1000)
+        counts.extend([0] * (second + 1 - len(counts)))
+        counts[second] += cost
+    return counts
+
+
 def units_between(released: Iterable[tuple[int, int]], start_ms: int, end_ms: int) -> int:
     return sum(cost for stamp, cost in released if start_ms <= stamp < end_ms)
 
@@ -154,6 +164,7 @@ def fairness_figures(records: list[Record], expected: dict[bytes, int], minute_m
                             "early": sum(1 for value in lateness if value < 0)},
             "first_release_after_minute_ms": released[0][0] - minute_ms if released else None,
             "last_release_after_minute_ms": released[-1][0] - minute_ms if released else None,
+            "units_per_s": per_second([(stamp, cost) for stamp, cost, _ in released], minute_ms),
         }
 
     worst, worst_at = max_window_units(every)

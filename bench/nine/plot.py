@@ -18,6 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot(document: dict[str, Any], path: Path) -> Path:
     """Draw the run described by `document` into `path` (PNG); returns `path`."""
+    if "fairness" in document:
+        return plot_fairness(document, path)
     settings = document["settings"]
     figure, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True,
                                          gridspec_kw={"height_ratios": [3, 2]})
@@ -64,6 +66,33 @@ def plot(document: dict[str, Any], path: Path) -> Path:
                          xytext=(-4, -28), textcoords="offset points", color="tab:green", ha="right")
     top.legend(loc="upper left", bbox_to_anchor=(0, 0.85), fontsize="small")
     bottom.legend(loc="upper right", fontsize="small")
+    return _save(figure, path)
+
+
+def plot_fairness(document: dict[str, Any], path: Path) -> Path:
+    """The fairness run: units each tenant released each second, stacked, under the
+    global rate, with each tenant's release lateness p99 in the legend."""
+    fair = document["fairness"]
+    tenants = fair["tenants"]
+    figure, axis = plt.subplots(figsize=(11, 5.5))
+    seconds = max(len(t["units_per_s"]) for t in tenants.values())
+    series = [t["units_per_s"] + [0] * (seconds - len(t["units_per_s"])) for t in tenants.values()]
+    labels = [f"{name} (weight {t['weight']}, p99 {t['lateness_ms']['p99']:,} ms)" for name, t in tenants.items()]
+    # each second's value held from its start to its end ("post" steps need the last one twice)
+    axis.stackplot(range(seconds + 1), [values + values[-1:] for values in series], labels=labels, step="post",
+                   alpha=0.8)
+    axis.axhline(fair["global_rate"]["configured_units_per_s"], color="black", linewidth=1, linestyle="--",
+                 label=f"global rate {fair['global_rate']['configured_units_per_s']:,.0f} units/s")
+    axis.set_xlabel("seconds after M (by release second)")
+    axis.set_ylabel("cost units released per second")
+    axis.set_title(f"nine o'clock, fairness: most units in any 1 s {fair['global_rate']['max_units_in_1s']:,}; "
+                   f"gold/free {fair['weights']['ratio']} (configured 3)")
+    axis.grid(alpha=0.3)
+    axis.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize="small")
+    return _save(figure, path)
+
+
+def _save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)

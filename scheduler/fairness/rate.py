@@ -33,7 +33,7 @@ class WindowRate:
 
     __slots__ = ("window_ms", "tolerance_ms", "_log", "_sum", "_tat")
 
-    def __init__(self, *, window_ms: int = 1000, tolerance_ms: int = 100) -> None:
+    def __init__(self, *, window_ms: int = 1000, tolerance_ms: int = 250) -> None:
         self.window_ms = window_ms
         self.tolerance_ms = tolerance_ms
         self._log: deque[list[float]] = deque()
