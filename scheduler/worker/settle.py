@@ -16,6 +16,10 @@ A failed write is retried, with backoff, until it succeeds or the worker stops: 
 outcome is never settled before it is durable, so a crash at any point loses nothing
 (the message is delivered again, and the home-row check or the ledger absorbs the
 repeat).
+
+Completions (which attempts finished, for the dispatchers' concurrency caps) go to the
+hand-off log from a thread of their own, gathered over a few batches: best effort, so
+they never hold up a status write or a commit.
 """
 
 from __future__ import annotations
@@ -84,12 +88,16 @@ class Settler:
         self._plans: queue.SimpleQueue[Plan] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="settler", daemon=True)
+        self._finished: queue.SimpleQueue[list[bytes]] = queue.SimpleQueue()
+        self._completer = threading.Thread(target=self._send_completions, name="completions", daemon=True)
         self._last_write = 0.0
         self._deadline = float("inf")
         self.stats = SettlerStats()
 
     def start(self) -> None:
         self._thread.start()
+        if self._handoff is not None:
+            self._completer.start()
 
     def submit(self, plan: Plan) -> None:
         self._plans.put(plan)
@@ -153,18 +161,36 @@ class Settler:
             return
 
     def _complete(self, deliveries: Sequence[Delivery]) -> None:
-        """Tell the shards' owners these attempts are over, so capped tenants get their
-        places back. Best effort: a completion lost frees its place at the hold timeout."""
-        if self._handoff is None or not deliveries:
-            return
-        ids = [delivery.value[MESSAGE_ID_SLICE] for delivery in deliveries if len(delivery.value) >= 20]
-        try:
-            self._handoff.completed(ids)
-        except Exception as exc:  # a hand-off outage must not hold up the commits
-            self.stats.completion_failures += 1
-            log.warning("sending %d completions failed: %s", len(ids), exc)
-        else:
-            self.stats.completions_sent += len(ids)
+        """Queue these attempts' completions for the completions thread."""
+        if self._handoff is not None and deliveries:
+            self._finished.put([delivery.value[MESSAGE_ID_SLICE] for delivery in deliveries
+                                if len(delivery.value) >= 20])
+
+    def _send_completions(self) -> None:
+        """Tell the shards' owners which attempts are over, so capped tenants get their
+        places back: what has gathered, at most every `interval_s`. Best effort: a
+        completion lost frees its place at the dispatcher's hold timeout."""
+        assert self._handoff is not None
+        while True:
+            try:
+                ids = self._finished.get(timeout=self._interval_s)
+            except queue.Empty:
+                if self._stopping.is_set() and not self._thread.is_alive():
+                    return
+                continue
+            time.sleep(self._interval_s)  # let a few settled batches gather
+            while True:
+                try:
+                    ids.extend(self._finished.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._handoff.completed(ids)
+            except Exception as exc:  # a hand-off outage must not stop the worker
+                self.stats.completion_failures += 1
+                log.warning("sending %d completions failed: %s", len(ids), exc)
+            else:
+                self.stats.completions_sent += len(ids)
 
     def _write(self, batch: Sequence[Plan]) -> None:
         """Each kind of write at most once per batch; idempotent, so a retried batch

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from scheduler import handoff
 from scheduler.model import Priority, decode_message
 from scheduler.ports import Delivery, StatusReport, TaskStatus
 from scheduler.worker import App, Context, RetryableError, dead_letters
@@ -384,3 +385,27 @@ def test_low_is_served_even_when_its_jobs_cannot_join_a_chunk(rig: EmbeddedRig) 
     # High comes in chunks of 16; low, never chunked, still gets its share: 1 pick in 8
     # while normal is empty (weights 7 and 1), so 125 of these 1,000.
     assert 115 <= served_while_both.count("low") <= 135, Counter(served_while_both)
+
+
+def test_every_finished_attempt_is_reported_to_its_shards_owner_for_the_caps(rig: EmbeddedRig) -> None:
+    """Done, failed (a retry stored) and dead attempts all send a completion through the
+    hand-off log, in the partition of the task's shard, so the dispatcher that released
+    them frees their places under their tenant's cap."""
+    items = rig.fire([task("sms"), task("sms", {"mode": "fail"}), task("sms", {"mode": "permanent"})])
+    rig.start()
+    wait_for(lambda: all(rig.home(item).status.value != "scheduled" for item in items), what="every outcome")
+    reader = rig.queue.handoff_reader("caps-test")
+    for shard in range(rig.store.shard_count):
+        reader.assign(shard)
+
+    def completed() -> dict[bytes, int]:
+        found: dict[bytes, int] = {}
+        for record in reader.poll(10_000, 0.1):
+            item = handoff.decode(record.value)
+            if isinstance(item, handoff.HandedCompletions):
+                found.update(dict.fromkeys(item.task_ids, record.shard))
+        return found
+
+    seen: dict[bytes, int] = {}
+    wait_for(lambda: seen.update(completed()) or {i.id.bytes for i in items} <= set(seen), what="the completions")
+    assert all(seen[i.id.bytes] == i.id.shard(rig.store.shard_count) for i in items)
