@@ -58,8 +58,8 @@ rate and the ratio within 10% of 3 are its targets.
 
 `--backend embedded` runs the same on the SQLite store, log and coordinator in the work
 directory: no Kafka, so the ceiling is the SQLite queue's insert rate, and the ready
-topics are read from `queue.db` on a thread (`TopicScanner`, with the time the queue
-stored each message).
+topics are read from `queue.db` on a thread (`TopicScanner`, with each message's
+stamp: the time it was written, or for a task the gate let out, its release).
 
 Figures: fire rate = tasks published / (last first-publish - M), and the most first
 publishes within any one second; lateness = first publish - run_at of every task

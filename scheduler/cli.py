@@ -474,6 +474,7 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
                             handoff_reader=parts.handoff_reader, topics=parts.topics,
                             schedule_runner=schedule_runner, limits_store=parts.limits)
+        runner.load_limits()
         runner.start_session()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
@@ -488,8 +489,9 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
 @cli.command()
 @click.option("--results", "results", type=click.IntRange(1, 1_000_000), default=20_000, show_default=True,
               help="Result SMS the state board sends.")
-@click.option("--batch", "batch", type=click.IntRange(1, 1000), default=500, show_default=True,
-              help="SMS per board task.")
+@click.option("--batch", "batch", type=click.IntRange(1, 1000), default=250, show_default=True,
+              help="SMS per board task (its cost). With two dispatchers each holds half of --sms-rate: a task "
+                   "larger than that holds the rate on average, not in every second.")
 @click.option("--reminders", "reminders", type=click.IntRange(2, 100_000), default=50, show_default=True,
               help="Exam reminders the college books (one of them to an unreachable number).")
 @click.option("--reminder-delay", "reminder_delay", default="30s", show_default=True,
@@ -543,6 +545,8 @@ def demo(results: int, batch: int, reminders: int, reminder_delay: str, sms_rate
         raise click.BadParameter(f"{reminder_delay!r} is under 10s", param_hint="--reminder-delay")
     if lead_s < 3:
         raise click.BadParameter(f"{lead!r} is under 3s", param_hint="--lead")
+    if 0 < sms_rate < 1:
+        raise click.BadParameter(f"{sms_rate} is under 1 SMS a second (0 for no limit)", param_hint="--sms-rate")
     options = DemoOptions(Story(results=results, batch=batch, reminders=reminders, reminder_delay_s=delay_s,
                                 sms_rate=sms_rate or None),
                           backend=backend, directory=directory, lead_s=lead_s, workers=workers,

@@ -500,7 +500,8 @@ class Delivery(NamedTuple):
     offset: int
     value: bytes
     timestamp_ms: int
-    """When the queue stored the message (Kafka: the record's timestamp)."""
+    """The record's timestamp: when the queue stored the message, or the moment its
+    publisher stamped on it (a task the fairness gate let out: its release)."""
 
 
 TopicPartition = tuple[str, int]

@@ -155,7 +155,7 @@ class EmbeddedBackend:
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "db": str(self.db), "queue": str(self.queue_path),
-                "ready_timestamps": "queue write time",
+                "ready_timestamps": "publish time (release time for tasks the gate let out)",
                 "coordinator": str(self.db.with_name("coordinator.db")), "topic_prefix": self.kafka.topic_prefix}
 
     def summary(self) -> str:

@@ -182,7 +182,7 @@ def fairness_figures(records: list[Record], expected: dict[bytes, int], minute_m
             start, end = middle - DRAIN_WINDOW_MS // 2, middle + DRAIN_WINDOW_MS // 2
         else:
             start, end = low, high + 1
-        if end > start:
+        if end - start >= 1000:  # a shorter span says nothing of a rate a second
             board_units = units_between(board, start, end)
             # every tenant's units: while gold and free wait too, the board gets its
             # weight's part of the rate, and the rate itself is what must be used up

@@ -75,9 +75,11 @@ def plot_fairness(document: dict[str, Any], path: Path) -> Path:
     fair = document["fairness"]
     tenants = fair["tenants"]
     figure, axis = plt.subplots(figsize=(11, 5.5))
-    seconds = max(len(t["units_per_s"]) for t in tenants.values())
+    seconds = max(1, *(len(t["units_per_s"]) for t in tenants.values()))
     series = [t["units_per_s"] + [0] * (seconds - len(t["units_per_s"])) for t in tenants.values()]
-    labels = [f"{name} (weight {t['weight']}, p99 {t['lateness_ms']['p99']:,} ms)" for name, t in tenants.items()]
+    labels = [f"{name} (weight {t['weight']}, p99 "
+              f"{'-' if t['lateness_ms']['p99'] is None else format(t['lateness_ms']['p99'], ',')} ms)"
+              for name, t in tenants.items()]
     # each second's value held from its start to its end ("post" steps need the last one twice)
     axis.stackplot(range(seconds + 1), [values + values[-1:] for values in series], labels=labels, step="post",
                    alpha=0.8)

@@ -128,9 +128,11 @@ def render(summary: Mapping[str, Any]) -> list[str]:
                  f"provider's idempotency keys ({summary['handler_runs']['beyond_first']} handler re-runs)")
     fairness = summary.get("fairness")
     if fairness and fairness["sms_rate_limit"] is not None and fairness["board_sms_per_s"] is not None:
+        college = summary["tenants"].get("city-college", {}).get("handler_start_lateness_ms", {})
         lines.append(f"  fair: the board's SMS went out at {fairness['board_sms_per_s']:,}/s (the provider's limit: "
                      f"{fairness['sms_rate_limit']:,.0f}/s); {fairness['board_sms_after_reminders_due']:,} of them were "
-                     "still to go when the reminders fell due, and the reminders did not wait for them")
+                     f"still to go when the reminders fell due, and the reminders started p99 "
+                     f"{_ms(college.get('p99'))} after their time")
     for letter in summary["dead_letters"]:
         error = (letter["error"] or "").strip().splitlines()
         lines.append(f"  dead letter: {letter['tenant']} {letter['type']} after attempt {letter['attempt']} "

@@ -223,9 +223,9 @@ def _fairness(story: Story, gateway: Gateway, reminders_at_ms: int) -> dict[str,
     span_s = (sent[-1] - sent[0]) / 1000 if len(sent) > 1 else 0.0
     return {
         "sms_rate_limit": story.sms_rate,
-        "board_sms_per_s": round(len(sent) / span_s) if span_s > 0 else None,
+        "board_sms_per_s": round((len(sent) - 1) / span_s) if span_s > 0 else None,
         "board_sms_after_reminders_due": sum(1 for at in sent if at > reminders_at_ms),
-        "reminders": sum(1 for start in gateway.starts() if start.tenant == COLLEGE),
+        "reminders": len({start.task for start in gateway.starts() if start.tenant == COLLEGE}),
     }
 
 

@@ -55,10 +55,10 @@ from scheduler import handoff
 from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
 from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
-from scheduler.errors import InvalidMessage, QueueError, SchedulerError
+from scheduler.errors import InvalidMessage, QueueError, SchedulerError, StoreUnavailable
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.fairness.limits import Limits
-from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, minute_bucket
+from scheduler.model import BUCKET_MS, minute_bucket
 from scheduler.ports import (
     Coordinator,
     HandoffReader,
@@ -81,6 +81,9 @@ Clock = Callable[[], int]
 
 LOAD_CHUNK = 2000
 """Rows a bucket read sends to the fire loop at a time."""
+
+LIMITS_ATTEMPTS = 10
+"""Tries (a second apart) of the first read of the tenants' limits before giving up."""
 
 LOAD_ATTEMPTS = 5
 """Tries of one bucket read before it is handed back to be asked for again later."""
@@ -219,6 +222,7 @@ class Dispatcher:
         self.failed: str | None = None
         """Why `run` gave up, if it did (the CLI exits non-zero)."""
         self.limits_store = limits_store
+        self._limits_read = False
         self.gate = ReleaseGate(self.shard_count, hold_timeout_ms=int(config.hold_timeout_s * 1000))
         self._release_at_ms: int | None = None
         """When the gate can let the next task out, if that is before the next tick."""
@@ -232,9 +236,8 @@ class Dispatcher:
 
     def run(self) -> None:
         if self.limits_store is not None:
-            # Before the first shard: a limit must hold from the first release.
-            while not self._read_limits() and not self._stopping.wait(1.0):
-                pass
+            if not self._limits_read:
+                self.load_limits()
             threading.Thread(target=self._limits_loop, name="dispatcher-limits", daemon=True).start()
         balancer = threading.Thread(target=self._balance_loop, name="dispatcher-balance", daemon=True)
         balancer.start()
@@ -258,6 +261,27 @@ class Dispatcher:
         self._wake_balancer.set()
 
     # The tenants' limits, read again every few seconds.
+
+    def load_limits(self, attempts: int = LIMITS_ATTEMPTS) -> None:
+        """Read the tenants' limits before anything else (before joining the coordinator:
+        a member that joined and then waited would be counted in the split while firing
+        nothing). `StoreUnavailable` if they cannot be read after `attempts` tries."""
+        assert self.limits_store is not None
+        error: SchedulerError | None = None
+        for attempt in range(attempts):
+            try:
+                limits = self.limits_store.read()
+            except SchedulerError as exc:
+                log.warning("reading the tenants' limits failed (%d of %d): %s", attempt + 1, attempts, exc)
+                error = exc
+                if self._stopping.wait(1.0):
+                    break
+                continue
+            self.gate.set_limits(limits)  # the fire loop is not running yet
+            self._limits_read = True
+            self.stats.limits_reads += 1
+            return
+        raise StoreUnavailable(f"the tenants' limits could not be read: {error}")
 
     def _limits_loop(self) -> None:
         while not self._stopping.wait(self.config.limits_interval_s):
@@ -763,6 +787,7 @@ class Dispatcher:
                 else:
                     self.stats.handed_cancels += 1
                     owned.handed_cancel(item.task_id.bytes, item.task_id.run_at_ms)
+                    self.gate.cancel(record.shard, item.task_id.bytes)
             except Exception as exc:  # one bad record must not stop the shard, nor its next owner
                 self.stats.bad_handoffs += 1
                 log.error("skipped a bad hand-off record at shard %d offset %d: %s", record.shard, record.offset, exc,
@@ -809,18 +834,6 @@ class Dispatcher:
         for shard, by_tag in released.by_shard.items():
             owned = self.shards[shard]  # a shard dropped has nothing left in the gate
             waiting = released.waiting[shard]
-            if owned.cancelled:  # cancels handed off while the tasks waited in the gate
-                gone = [w for w in waiting if w.item[MESSAGE_ID_SLICE] in owned.cancelled]
-                if gone:
-                    self.stats.skipped_cancelled += len(gone)
-                    self.gate.published(shard, gone)
-                    self.gate.completed([w.item[MESSAGE_ID_SLICE] for w in gone])
-                    waiting = [w for w in waiting if w.item[MESSAGE_ID_SLICE] not in owned.cancelled]
-                    by_tag = {}
-                    for w in waiting:
-                        by_tag.setdefault(w.tag, []).append(w.item)
-                    if not waiting:
-                        continue
             batch = FireBatch(by_tag, owned.flushed_through_ms, len(waiting), 0, released=waiting,
                               released_at_ms=released.at_ms)
             self._pending.append((shard, owned.token, batch))

@@ -86,6 +86,8 @@ class TenantStats:
     """Turns skipped because the tenant was at its cap."""
     rate_limited: int = 0
     """Turns skipped because the tenant's own rate was spent."""
+    cancelled: int = 0
+    """Waiting tasks cancelled, dropped without being released."""
 
 
 class _Tenant:
@@ -167,6 +169,8 @@ class ReleaseGate:
         self._holds: dict[bytes, tuple[_Tenant, int, int]] = {}
         """Task id -> (tenant, expiry, shard) of released tasks of capped tenants."""
         self._expiries: deque[tuple[int, bytes]] = deque()
+        self._cancelled: dict[bytes, int] = {}
+        """Ids of waiting tasks cancelled -> their shard."""
         self._unsettled: dict[int, Counter[int]] = {}
         """shard -> run_at -> tasks admitted and not yet published."""
         self._run_ats: dict[int, list[int]] = {}
@@ -192,6 +196,7 @@ class ReleaseGate:
         owner reads them from the store). Returns how many were dropped."""
         self._eligible_at.pop(shard, None)
         self._run_ats.pop(shard, None)
+        self._forget_cancels(shard)
         # Its tasks' completions now go to the shard's next owner: free their places here
         # rather than hold them to the timeout (the next owner does not count them).
         for task_id, (tenant, _, held_shard) in list(self._holds.items()):
@@ -283,6 +288,12 @@ class ReleaseGate:
                 continue
             own = limits.of(tenant.name)
             head = tenant.head()
+            if self._cancelled and head.item[MESSAGE_ID_SLICE] in self._cancelled:
+                self._drop_cancelled(tenant)  # spends nothing: no rate, no turn
+                if not tenant.size:
+                    tenant.deficit = 0.0
+                    self._leave_ring(tenant)
+                continue
             if not self._turn_open:
                 if self._own_limit(tenant, own, head, share, now_ms):
                     self._block(tenant, head, blocked)
@@ -301,7 +312,9 @@ class ReleaseGate:
                 continue
             if global_rate is not None and not self._global.allows(now_ms, head.cost, global_rate):
                 out.stopped_by_global = True
-                out.next_at_ms = math.ceil(self._global.ready_at(head.cost, global_rate))
+                free_at = self._global.window_frees_at(head.cost, global_rate)
+                if free_at is not None:  # the pace alone waits for the next tick, within its tolerance
+                    out.next_at_ms = math.ceil(free_at)
                 break
             self._let_out(tenant, own, tenant.pop(), share, global_rate, now_ms, out)
             idle = 0
@@ -309,6 +322,20 @@ class ReleaseGate:
                 tenant.deficit = 0.0
                 self._leave_ring(tenant)
         return out
+
+    def cancel(self, shard: int, task_id: bytes) -> None:
+        """A cancel for a task of `shard`: if it waits here, it leaves when it comes to the
+        head of its queue, spending nothing. Remembered only while the shard has tasks here."""
+        if shard in self._unsettled:
+            self._cancelled[task_id] = shard
+
+    def _drop_cancelled(self, tenant: _Tenant) -> None:
+        waiting = tenant.pop()
+        task_id = waiting.item[MESSAGE_ID_SLICE]
+        del self._cancelled[task_id]
+        self.waiting -= 1
+        tenant.stats.cancelled += 1
+        self.published(waiting.shard, [waiting])  # no longer holds the cursor
 
     def _block(self, tenant: _Tenant, head: Waiting, blocked: set[str]) -> None:
         """The tenant is at its own cap or rate: it sits out the rest of the release, and
@@ -387,6 +414,11 @@ class ReleaseGate:
             if not unsettled:
                 del self._unsettled[shard]
                 del self._run_ats[shard]
+                self._forget_cancels(shard)
+
+    def _forget_cancels(self, shard: int) -> None:
+        if self._cancelled:
+            self._cancelled = {key: at for key, at in self._cancelled.items() if at != shard}
 
     def completed(self, task_ids: Iterable[bytes]) -> int:
         """Workers finished these attempts; returns how many held a capped place."""

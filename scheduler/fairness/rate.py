@@ -65,18 +65,20 @@ class WindowRate:
         self._sum += units
         self._tat = max(self._tat, float(now_ms)) + units * 1000 / rate
 
-    def ready_at(self, units: int, rate: float) -> float:
-        """The earliest moment a release of `units` could be allowed, by both rules (the
-        caller wakes then instead of at its next tick, so a full window loses no time)."""
+    def window_frees_at(self, units: int, rate: float) -> float | None:
+        """When the window rule, if it is what holds `units` back, would let them out
+        (the caller wakes then rather than at its next tick, so a full window loses no
+        time); None when the window allows them (only the pace holds them, and its
+        tolerance spans a tick)."""
         limit = rate * self.window_ms / 1000
-        at = self._tat - self.tolerance_ms
         left = self._sum
+        if left == 0 or left + units <= limit:
+            return None
         for stamp, logged in self._log:
-            if left == 0 or left + units <= limit:
-                break
             left -= logged
-            at = max(at, stamp + self.window_ms)
-        return at
+            if left == 0 or left + units <= limit:
+                return max(stamp + self.window_ms, self._tat - self.tolerance_ms)
+        return None
 
     def in_window(self, now_ms: int) -> float:
         self._evict(now_ms)

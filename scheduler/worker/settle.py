@@ -109,7 +109,9 @@ class Settler:
         self._stopping.set()
 
     def stopped(self) -> bool:
-        return not self._thread.is_alive() or time.monotonic() > self._deadline + 1.0
+        """The outcomes are settled and the last completions sent (or the deadline passed)."""
+        done = not self._thread.is_alive() and not self._completer.is_alive()
+        return done or time.monotonic() > self._deadline + 1.0
 
     def _run(self) -> None:
         while True:
@@ -142,7 +144,7 @@ class Settler:
         while True:
             self._last_write = time.monotonic()
             try:
-                self._write(batch)
+                completed = self._write(batch)
             except SchedulerError as exc:
                 self.stats.write_failures += 1
                 self.stats.last_error = str(exc)
@@ -156,15 +158,17 @@ class Settler:
                 continue
             self.stats.batches += 1
             deliveries = [plan.delivery for plan in batch if plan.delivery is not None]
-            self._complete(deliveries)
+            self._complete(deliveries, completed)
             self._on_settled(deliveries)
             return
 
-    def _complete(self, deliveries: Sequence[Delivery]) -> None:
-        """Queue these attempts' completions for the completions thread."""
-        if self._handoff is not None and deliveries:
-            self._finished.put([delivery.value[MESSAGE_ID_SLICE] for delivery in deliveries
-                                if len(delivery.value) >= 20])
+    def _complete(self, deliveries: Sequence[Delivery], completed: set[bytes]) -> None:
+        """Queue these attempts' completions for the completions thread (but those
+        already sent with their retry's hand-off)."""
+        if self._handoff is None or not deliveries:
+            return
+        ids = [delivery.value[MESSAGE_ID_SLICE] for delivery in deliveries if len(delivery.value) >= 20]
+        self._finished.put([task_id for task_id in ids if task_id not in completed] if completed else ids)
 
     def _send_completions(self) -> None:
         """Tell the shards' owners which attempts are over, so capped tenants get their
@@ -176,9 +180,10 @@ class Settler:
                 ids = self._finished.get(timeout=self._interval_s)
             except queue.Empty:
                 if self._stopping.is_set() and not self._thread.is_alive():
-                    return
+                    return  # settled, and everything sent
                 continue
-            time.sleep(self._interval_s)  # let a few settled batches gather
+            if not self._stopping.is_set():
+                self._stopping.wait(self._interval_s)  # let a few settled batches gather
             while True:
                 try:
                     ids.extend(self._finished.get_nowait())
@@ -192,9 +197,11 @@ class Settler:
             else:
                 self.stats.completions_sent += len(ids)
 
-    def _write(self, batch: Sequence[Plan]) -> None:
+    def _write(self, batch: Sequence[Plan]) -> set[bytes]:
         """Each kind of write at most once per batch; idempotent, so a retried batch
-        repeats nothing harmful (a retry copy's row is fixed by its id and run_at)."""
+        repeats nothing harmful (a retry copy's row is fixed by its id and run_at).
+        Returns the ids whose completions went out with their retries' hand-off."""
+        completed: set[bytes] = set()
         retries = [plan.retry for plan in batch if plan.retry is not None]
         if retries:
             failures = self._store.insert(retries)
@@ -205,6 +212,11 @@ class Settler:
             now = self._clock_ms()
             soon = [task for task in retries if task.run_at_ms <= now + self._handoff_window_ms]
             if soon and self._handoff is not None:
+                # The attempt's completion first, in the same partition: the owner frees
+                # its place before the retry can take one. (From the completions thread it
+                # could arrive after the retry was released, and free the retry's place.)
+                completed = {task.id.bytes for task in soon}
+                self._handoff.completed(list(completed))
                 self._handoff.submitted(soon)
                 self.stats.retries_handed_off += len(soon)
         letters = [plan.dead_letter for plan in batch if plan.dead_letter is not None]
@@ -217,6 +229,7 @@ class Settler:
             self._store.record_status(reports)
             self.stats.reports_written += len(reports)
             self.stats.reports_coalesced += sum(plan.report is not None for plan in batch) - len(reports)
+        return completed
 
 
 def coalesce(reports: Sequence[StatusReport]) -> list[StatusReport]:

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pytest
+
 from scheduler import handoff
 from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
+from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.fairness.limits import Limits, TenantLimits
 from scheduler.model import Task, TaskId, decode_message
 from scheduler.ports import HandoffRecord, Lease
@@ -147,3 +150,21 @@ def test_a_cancel_reaches_a_task_waiting_in_the_gate() -> None:
         rig.dispatcher._tick()
     assert rig.published_ids() == {a.id}, "the cancelled task was published"
     assert rig.dispatcher.gate.waiting == 0 and rig.dispatcher.gate.floor(1) is None
+
+
+class UnreadableLimits:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read(self) -> Limits:
+        self.reads += 1
+        raise StoreError("the limits table cannot be read")
+
+
+def test_limits_that_cannot_be_read_at_start_stop_the_dispatcher_before_it_joins() -> None:
+    rig = Rig()
+    store = UnreadableLimits()
+    rig.dispatcher.limits_store = store  # type: ignore[assignment]
+    with pytest.raises(StoreUnavailable, match="limits could not be read"):
+        rig.dispatcher.load_limits(attempts=2)
+    assert store.reads == 2

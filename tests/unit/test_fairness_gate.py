@@ -219,3 +219,21 @@ def test_tenants_with_nothing_left_are_forgotten_and_one_still_paced_is_not() ->
     assert set(gate.snapshot()) == {"quick", "slow"}
     gate.release(T0 + 61_000)
     assert set(gate.snapshot()) == {"slow"}, "slow's pace runs 100 s past its release: it must not start afresh"
+
+
+def test_a_cancelled_task_waiting_in_the_gate_leaves_without_spending_the_rate() -> None:
+    gate = gate_holding_every_shard(Limits(global_rate=100))
+    board = due("board", 20, cost=50)
+    gate.admit(0, board + due("gold", 1000))
+    for _, _, item in board:
+        gate.cancel(0, item[MESSAGE_ID_SLICE])
+    released = run(gate, T0, 10)
+    assert {task.tenant for _, task in released} == {"gold"}
+    assert len(released) >= 950, "gold had the whole rate: ~100 a second for 10 s"
+    assert gate.snapshot()["board"]["cancelled"] == 20
+
+
+def test_a_cancel_for_a_shard_with_nothing_waiting_is_not_remembered() -> None:
+    gate = gate_holding_every_shard(Limits(global_rate=100))
+    gate.cancel(3, b"\x01" * 16)
+    assert not gate._cancelled

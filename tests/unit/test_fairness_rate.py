@@ -59,7 +59,8 @@ def test_waking_when_the_window_frees_loses_no_throughput_to_late_ticks() -> Non
             queue -= 1
         # ticks land 3 ms late; a full window wakes the releaser when it frees instead
         next_tick = now - now % 100 + 103
-        now = min(next_tick, max(now + 1, int(limiter.ready_at(1, 1000.0)) + 1))
+        frees = limiter.window_frees_at(1, 1000.0)
+        now = next_tick if frees is None else min(next_tick, max(now + 1, int(frees) + 1))
     assert max_window(released) <= 1000
     assert len(released) >= 9_900, "10 s at 1,000 a second"
 
@@ -88,3 +89,12 @@ def test_a_lower_rate_applies_at_once() -> None:
         limiter.take(0, 1, 1000.0)
     assert limiter.allows(10, 1, 1000.0)
     assert not limiter.allows(10, 1, 40.0)  # 50 already in the window
+
+
+def test_only_a_full_window_asks_for_an_early_wake() -> None:
+    limiter = WindowRate()
+    limiter.take(0, 1, 1000.0)
+    assert limiter.window_frees_at(1, 1000.0) is None, "only the pace holds it: the next tick will do"
+    for _ in range(999):
+        limiter.take(0, 1, 1000.0)
+    assert limiter.window_frees_at(1, 1000.0) == 1000

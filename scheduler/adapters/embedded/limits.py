@@ -75,7 +75,6 @@ class SqliteLimitsStore(ScopedRows):
                 raise StoreError(f"limits store read failed: {exc}") from exc
         return limits_from_rows(rows, log)
 
-
     def close(self) -> None:
         with self._lock:
             self._db.close()

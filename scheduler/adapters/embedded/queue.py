@@ -2,7 +2,7 @@
 one machine, with Kafka's shape: topics of partitions of messages at dense offsets,
 committed positions per (group, topic, partition), and consumer groups.
 
-    messages  (topic, partition, offset) -> value, published_at_ms
+    messages  (topic, partition, offset) -> value, published_at_ms (or the publisher's stamp)
     positions (group, topic, partition)  -> next_offset
     members   (group, member)            -> topics, expires_ms
     owners    (group, topic, partition)  -> member (NULL: free), generation
