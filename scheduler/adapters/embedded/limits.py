@@ -16,7 +16,7 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from scheduler.adapters.embedded.sqlite import create_tables, immediate, locked_transaction, open_db
+from scheduler.adapters.embedded.sqlite import locked_transaction, open_store_file
 from scheduler.errors import StoreError
 from scheduler.fairness.limits import (
     Limits,
@@ -43,12 +43,7 @@ class SqliteLimitsStore(ScopedRows):
 
     def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
         self._lock = threading.Lock()
-        try:
-            self._db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=("journal_mode=WAL", "synchronous=FULL"))
-            with immediate(self._db) as db:
-                create_tables(db, SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the limits store at {path}: {exc}") from exc
+        self._db = open_store_file(path, SCHEMA, "limits store", busy_timeout_s=busy_timeout_s)
         self.path = str(path)
 
     def _transaction(self) -> AbstractContextManager[sqlite3.Connection]:

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from scheduler.adapters.embedded.sqlite import create_tables, immediate, locked_transaction, open_db
+from scheduler.adapters.embedded.sqlite import locked_transaction, open_store_file
 from scheduler.errors import StoreError
 from scheduler.model import DEFAULT_SHARD_COUNT, Priority, check_shard_count
 from scheduler.ports import AdvanceOutcome
@@ -64,12 +64,7 @@ class SqliteScheduleStore:
     def __init__(self, path: str | Path, *, shard_count: int = DEFAULT_SHARD_COUNT, busy_timeout_s: float = 30.0) -> None:
         self._shard_count = check_shard_count(shard_count)
         self._lock = threading.Lock()
-        try:
-            self._db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=("journal_mode=WAL", "synchronous=FULL"))
-            with immediate(self._db) as db:
-                create_tables(db, SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the schedule store at {path}: {exc}") from exc
+        self._db = open_store_file(path, SCHEMA, "schedule store", busy_timeout_s=busy_timeout_s)
         self.path = str(path)
 
     @property

@@ -31,6 +31,18 @@ def open_db(path: str | Path, *, busy_timeout_s: float, pragmas: Iterable[str]) 
     return db
 
 
+def open_store_file(path: str | Path, schema: str, what: str, *, busy_timeout_s: float) -> sqlite3.Connection:
+    """A durable connection (WAL, full sync) to the store file at `path`, with the tables
+    of `schema` created; `StoreError` naming `what` if the file cannot be opened."""
+    try:
+        db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=("journal_mode=WAL", "synchronous=FULL"))
+        with immediate(db) as opened:
+            create_tables(opened, schema)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the {what} at {path}: {exc}") from exc
+    return db
+
+
 def create_tables(db: sqlite3.Connection, schema: str) -> None:
     """Run each `;`-separated statement of `schema` (inside the caller's transaction)."""
     for statement in schema.split(";"):
