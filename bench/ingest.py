@@ -173,7 +173,7 @@ def raw_rows(workload: Workload, count: int, seed: int, shard_count: int, *, sql
         key = task_id.bytes if sqlite else task_id.uuid
         no_key = None if sqlite else UNSET_VALUE  # unset, not null: a bound null is a tombstone
         rows.append((workload.bucket_ms, task_id.shard(shard_count), run_at_ms, key, tenant, TASK_TYPE, normal,
-                     encode_payload(payload), 1, DEFAULT_MAX_ATTEMPTS, no_key))
+                     encode_payload(payload), 1, DEFAULT_MAX_ATTEMPTS, no_key, 1))  # attempt 1, ..., cost 1
     return rows
 
 
