@@ -11,7 +11,7 @@ import json
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -19,7 +19,7 @@ from scheduler import wiring
 from scheduler.cli import Exit, backend_settings, cli, parse_payload, store_options, tenant_option
 from scheduler.errors import InvalidSchedule
 from scheduler.model import Priority, from_ms, to_ms
-from scheduler.ports import CancelOutcome
+from scheduler.ports import CancelOutcome, ScheduleStore
 from scheduler.recurring import preview as previews
 from scheduler.recurring.cron import NEVER_MS, CronRule
 from scheduler.recurring.schedule import DEFAULT_GRACE_S, Schedule, new_schedule, schedule_id
@@ -27,6 +27,19 @@ from scheduler.recurring.schedule import DEFAULT_GRACE_S, Schedule, new_schedule
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _no_such(tenant: str, name: str) -> NoReturn:
+    click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
+    raise click.exceptions.Exit(Exit.FAILURE)
+
+
+def _named(schedules: ScheduleStore, tenant: str, name: str) -> Schedule:
+    """The tenant's schedule of that name, or exit 1 saying there is none."""
+    found = schedules.get(schedule_id(tenant, name))
+    if found is None:
+        _no_such(tenant, name)
+    return found
 
 
 @cli.group()
@@ -129,10 +142,7 @@ def schedule_pause(name: str, tenant: str, backend: str, db: Path, **options: An
     """Stop creating runs (runs already created, at most ~90 s ahead, stay; exit 1 if none)."""
     settings = backend_settings(backend, db, **options)
     with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
-        if schedules.get(schedule_id(tenant, name)) is None:
-            click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
-            raise click.exceptions.Exit(Exit.FAILURE)
-        changed = schedules.pause(schedule_id(tenant, name))
+        changed = schedules.pause(_named(schedules, tenant, name).id)
     click.echo(f"schedule {name}: {'paused' if changed else 'already paused'}")
 
 
@@ -145,10 +155,7 @@ def schedule_resume(name: str, tenant: str, backend: str, db: Path, **options: A
     get no run (a pause is deliberate, not an outage). Exit 1 if there is no such schedule."""
     settings = backend_settings(backend, db, **options)
     with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
-        found = schedules.get(schedule_id(tenant, name))
-        if found is None:
-            click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
-            raise click.exceptions.Exit(Exit.FAILURE)
+        found = _named(schedules, tenant, name)
         next_slot = found.rule.next_slot(_now_ms())
         changed = schedules.resume(found.id, next_slot)
     click.echo(f"schedule {name}: " + (f"resumed, next run {_when(found.rule, next_slot)}" if changed
@@ -177,8 +184,7 @@ def schedule_delete(name: str, tenant: str, backend: str, db: Path, **options: A
             for task_id in runs_ahead(found, _now_ms()):
                 cancelled += client.cancel(task_id, tenant) is CancelOutcome.CANCELLED
     if not deleted:
-        click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
-        raise click.exceptions.Exit(Exit.FAILURE)
+        _no_such(tenant, name)
     click.echo(f"schedule {name}: deleted" + (f"; {cancelled} run(s) created ahead cancelled" if cancelled else ""))
 
 
@@ -216,10 +222,7 @@ def schedule_preview(name: str | None, tenant: str | None, cron: str | None, zon
             raise click.UsageError("preview takes NAME --tenant T, or --cron and --zone")
         settings = backend_settings(backend, db, **options)
         with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
-            found = schedules.get(schedule_id(tenant, name))
-        if found is None:
-            click.echo(f"tenant {tenant!r} has no schedule {name!r}", err=True)
-            raise click.exceptions.Exit(Exit.FAILURE)
+            found = _named(schedules, tenant, name)
         rule = found.rule
         if start is None:
             after_ms = found.next_slot_ms - 1

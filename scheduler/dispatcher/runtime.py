@@ -287,7 +287,7 @@ class Dispatcher:
         while not self._stopping.wait(self.config.limits_interval_s):
             self._read_limits()
 
-    def _read_limits(self) -> bool:
+    def _read_limits(self) -> None:
         assert self.limits_store is not None
         try:
             limits = self.limits_store.read()
@@ -295,14 +295,13 @@ class Dispatcher:
             self.stats.limits_failures += 1
             log.warning("reading the tenants' limits failed: %s; keeping the ones read before", exc,
                         extra={"action": "limits_read_failed"})
-            return False
+            return
         except Exception:
             self.stats.job_errors += 1
             log.exception("reading the tenants' limits failed unexpectedly", extra={"action": "limits_read_failed"})
-            return False
+            return
         self.stats.limits_reads += 1
         self._post(partial(self._limits_loaded, limits))
-        return True
 
     def _limits_loaded(self, limits: Limits) -> None:
         if limits != self.gate.limits:

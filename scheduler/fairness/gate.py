@@ -139,10 +139,9 @@ class Release:
     count: int = 0
     at_ms: int = 0
     """The moment of release: the dispatcher stamps the messages with it."""
-    stopped_by_global: bool = False
     next_at_ms: int | None = None
-    """When the global rate lets the next task out, if it stopped this release: the
-    dispatcher releases again then rather than at its next tick."""
+    """When a full global window frees up, if that stopped this release: the dispatcher
+    releases again then rather than at its next tick."""
 
 
 class ReleaseGate:
@@ -311,7 +310,6 @@ class ReleaseGate:
                 self._block(tenant, head, blocked)
                 continue
             if global_rate is not None and not self._global.allows(now_ms, head.cost, global_rate):
-                out.stopped_by_global = True
                 free_at = self._global.window_frees_at(head.cost, global_rate)
                 if free_at is not None:  # the pace alone waits for the next tick, within its tolerance
                     out.next_at_ms = math.ceil(free_at)

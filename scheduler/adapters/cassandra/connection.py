@@ -94,6 +94,18 @@ def prepare_for_table(session: Session, queries: Mapping[str, str], keyspace: st
         ) from exc
 
 
+def run_prepared(session: Session, statements: Mapping[str, Any], name: str, values: tuple[object, ...],
+                 what: str) -> Any:
+    """Run the prepared statement `name` of a store (`what`, e.g. "limits store") with
+    `values`; a driver error becomes `StoreUnavailable` or `StoreError` naming both."""
+    try:
+        return session.execute(statements[name].bind(values))
+    except NoHostAvailable as exc:
+        raise StoreUnavailable(f"no Cassandra node could take the {what}'s {name}: {exc}") from exc
+    except DRIVER_ERRORS as exc:
+        raise StoreError(f"{what} {name} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def answer_column(result: Any, name: str) -> Any:
     """A column of the first row of a conditional write's answer (tuple rows)."""
     names = list(result.column_names or [])

@@ -14,10 +14,8 @@ import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from cassandra.cluster import NoHostAvailable
-
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table
-from scheduler.errors import StoreError, StoreUnavailable
+from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table, run_prepared
+from scheduler.errors import StoreError
 from scheduler.fairness.limits import (
     Limits,
     ScopedRows,
@@ -55,12 +53,7 @@ class CassandraLimitsStore(ScopedRows):
         return cls(store.connection, store.keyspace)
 
     def _run(self, name: str, values: tuple[object, ...]) -> Any:
-        try:
-            return self._session.execute(self._q[name].bind(values))
-        except NoHostAvailable as exc:
-            raise StoreUnavailable(f"no Cassandra node could take the limits store's {name}: {exc}") from exc
-        except DRIVER_ERRORS as exc:
-            raise StoreError(f"limits store {name} failed: {type(exc).__name__}: {exc}") from exc
+        return run_prepared(self._session, self._q, name, values, "limits store")
 
     def _write(self, scope: str, weight: int | None, cap: int | None, rate: float | None) -> None:
         self._run("write", (scope, weight, cap, rate, datetime.now(UTC)))

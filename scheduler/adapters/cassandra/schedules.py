@@ -26,10 +26,12 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from cassandra.cluster import NoHostAvailable
-
-from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, prepare_for_table
-from scheduler.errors import StoreError, StoreUnavailable
+from scheduler.adapters.cassandra.connection import (
+    CassandraConnection,
+    answer_column,
+    prepare_for_table,
+    run_prepared,
+)
 from scheduler.model import Priority
 from scheduler.ports import AdvanceOutcome
 from scheduler.recurring.schedule import MisfirePolicy, Schedule, TaskTemplate, readable, schedule_shard
@@ -81,12 +83,7 @@ class CassandraScheduleStore:
         return self._shard_count
 
     def _run(self, name: str, values: tuple[object, ...]) -> Any:
-        try:
-            return self._session.execute(self._q[name].bind(values))
-        except NoHostAvailable as exc:
-            raise StoreUnavailable(f"no Cassandra node could take the schedule store's {name}: {exc}") from exc
-        except DRIVER_ERRORS as exc:
-            raise StoreError(f"schedule store {name} failed: {type(exc).__name__}: {exc}") from exc
+        return run_prepared(self._session, self._q, name, values, "schedule store")
 
     def _key(self, schedule_id: uuid.UUID) -> tuple[int, uuid.UUID]:
         return schedule_shard(schedule_id, self._shard_count), schedule_id
