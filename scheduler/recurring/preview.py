@@ -44,14 +44,28 @@ def preview(rule: CronRule, after_ms: int, count: int) -> list[PreviewRow]:
 
 
 def describe_change(before: datetime, after: datetime) -> str:
-    """E.g. `DST: clocks go forward 1h at 02:00 EST -> 03:00 EDT`."""
+    """The change between `before` (the last local minute on the old offset) and `after`
+    (the first local time on the new one), as `CronRule.offset_change` gives them.
+
+    The date and time named are those of the instant of the change on the old offset's
+    wall clock, i.e. the minute after `before`. The new wall clock follows the arrow,
+    with its date when that is another day, as it is when a change happens at local
+    midnight:
+
+    - `DST: clocks go forward 1h on 2026-03-08 at 02:00 EST -> 03:00 EDT` (New York);
+    - `DST: clocks go back 1h on 2027-04-04 at 00:00 -03 -> 23:00 -04 on 2027-04-03`
+      (Santiago: at midnight of the 4th, clocks go back to 23:00 of the 3rd).
+    """
     before_offset, after_offset = before.utcoffset(), after.utcoffset()
     assert before_offset is not None and after_offset is not None
     shift = after_offset - before_offset
     direction = "forward" if shift > timedelta(0) else "back"
-    edge = before + timedelta(minutes=1)  # the wall time at which the change happens, in the old offset
-    return (f"DST: clocks go {direction} {_duration(abs(shift))} on {after:%Y-%m-%d} at {edge:%H:%M} "
-            f"{before:%Z} -> {after:%H:%M} {after:%Z}")
+    # Naive arithmetic: `before + 1 minute` on an aware datetime would be looked up in the
+    # zone again, and the wall time it names may not exist there (or exist twice).
+    edge = before.replace(tzinfo=None) + timedelta(minutes=1)
+    new_day = f" on {after:%Y-%m-%d}" if after.date() != edge.date() else ""
+    return (f"DST: clocks go {direction} {_duration(abs(shift))} on {edge:%Y-%m-%d} at {edge:%H:%M} "
+            f"{before:%Z} -> {after:%H:%M} {after:%Z}{new_day}")
 
 
 def render(rule: CronRule, rows: list[PreviewRow]) -> list[str]:

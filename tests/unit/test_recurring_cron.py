@@ -4,7 +4,7 @@ jitter, and what `preview` says about DST changes. All on fixed instants: no clo
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 
 import pytest
@@ -176,3 +176,36 @@ def test_preview_of_a_30_minute_shift() -> None:
     rows = preview(rule, utc_ms("2026-04-03T12:00"), 3)
     assert rows[1].notes == ("01:45 happens twice that day: runs once, at the first",)
     assert rows[2].notes == ("DST: clocks go back 30m on 2026-04-05 at 02:00 +11 -> 01:30 +1030",)
+
+
+@pytest.mark.parametrize(("cron", "local_time"), [("0 12 * * *", "12:00"), ("30 0 * * *", "00:30")])
+def test_preview_dates_a_fall_back_at_midnight_on_the_day_it_happens(cron: str, local_time: str) -> None:
+    """Santiago's clocks go back at 00:00 -03 on Sunday 2027-04-04, to 23:00 -04 of the
+    Saturday: the change is on the 4th, and the wall clock it goes back to is on the 3rd."""
+    rule = CronRule(cron, "America/Santiago")
+    rows = preview(rule, utc_ms("2027-04-01T03:00"), 5)  # 2027-04-01T00:00-03:00
+    assert [row.local.strftime("%Y-%m-%d %H:%M %Z") for row in rows[2:4]] == [
+        f"2027-04-03 {local_time} -03", f"2027-04-04 {local_time} -04"]
+    assert rows[3].notes[0] == "DST: clocks go back 1h on 2027-04-04 at 00:00 -03 -> 23:00 -04 on 2027-04-03"
+    assert [row.notes for row in rows if row is not rows[3]] == [(), (), (), ()]
+
+
+def test_preview_dates_a_spring_forward_at_midnight_and_moves_the_missing_run() -> None:
+    """Santiago's clocks go forward at 00:00 -04 on 2027-09-05, to 01:00 -03: the same day,
+    so no second date; 00:30 does not exist that day and runs at 01:00."""
+    rule = CronRule("30 0 * * *", "America/Santiago")
+    rows = preview(rule, utc_ms("2027-09-02T04:00"), 5)  # 2027-09-02T00:00-04:00
+    assert rows[3].local.isoformat() == "2027-09-05T01:00:00-03:00"
+    assert rows[3].notes == ("DST: clocks go forward 1h on 2027-09-05 at 00:00 -04 -> 01:00 -03",
+                             "00:30 does not exist that day: runs once at the next valid time")
+    assert rows[4].local.isoformat() == "2027-09-06T00:30:00-03:00" and rows[4].notes == ()
+
+
+def test_preview_dates_a_spring_forward_from_23_00_on_the_day_before_the_new_clock() -> None:
+    """Nuuk's clocks go forward at 23:00 -02 on Saturday 2027-03-27, to 00:00 -01 of the Sunday."""
+    rule = CronRule("0 12 * * *", "America/Nuuk")
+    if rule.local(utc_ms("2027-03-27T12:00")).utcoffset() != timedelta(hours=-2):
+        pytest.skip("this time zone database predates Greenland's move to -02 (tzdata 2023c)")
+    rows = preview(rule, utc_ms("2027-03-26T00:00"), 3)
+    assert rows[2].local.isoformat() == "2027-03-28T12:00:00-01:00"
+    assert rows[2].notes == ("DST: clocks go forward 1h on 2027-03-27 at 23:00 -02 -> 00:00 -01 on 2027-03-28",)

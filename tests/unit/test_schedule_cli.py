@@ -96,6 +96,24 @@ def test_preview_prints_local_and_utc_times_and_marks_the_dst_change(tmp_path: P
     assert not (tmp_path / "tasks.db").exists()  # an expression needs no store
 
 
+def test_preview_names_the_day_of_a_change_at_local_midnight(tmp_path: Path) -> None:
+    """Santiago, 2027: clocks go back at 00:00 -03 on Sunday the 4th (to 23:00 -04 of the
+    3rd), and forward at 00:00 -04 on Sunday 5 September (to 01:00 -03)."""
+    fall = run(tmp_path / "tasks.db", "preview", "--cron", "0 12 * * *", "--zone", "America/Santiago",
+               "--from", "2027-04-01T00:00:00-03:00", "--count", "5")
+    assert fall.exit_code == Exit.OK, fall.output
+    lines = fall.output.splitlines()
+    assert lines[5].startswith("2027-04-04 Sun 12:00 -04 -04:00") and "2027-04-04 16:00Z" in lines[5]
+    assert lines[5].endswith("DST: clocks go back 1h on 2027-04-04 at 00:00 -03 -> 23:00 -04 on 2027-04-03")
+    assert [line for line in lines if "DST:" in line] == [lines[5]]
+    spring = run(tmp_path / "tasks.db", "preview", "--cron", "0 12 * * *", "--zone", "America/Santiago",
+                 "--from", "2027-09-02T00:00:00-04:00", "--count", "5")
+    assert spring.exit_code == Exit.OK, spring.output
+    lines = spring.output.splitlines()
+    assert lines[5].startswith("2027-09-05 Sun 12:00 -03 -03:00")
+    assert lines[5].endswith("DST: clocks go forward 1h on 2027-09-05 at 00:00 -04 -> 01:00 -03")
+
+
 def test_preview_of_a_stored_schedule_starts_at_its_next_slot(tmp_path: Path) -> None:
     db = tmp_path / "tasks.db"
     assert run(db, *ADD).exit_code == Exit.OK
