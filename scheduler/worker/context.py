@@ -1,6 +1,27 @@
 """`Context`: what a handler knows about the attempt it runs, and `once`, its guard
 for side effects.
 
+The scope of a key
+------------------
+`ctx.once(key, effect)` names an effect by `key` within a *scope*:
+
+- `scope="task"` (the default): the effect of this task. A repeat or a retry of the
+  same task (same task id, any attempt) skips it once it is done; another task with the
+  same key runs it. So `ctx.once(f"sms:{payload['to']}", send)` sends each task's SMS
+  once, and the next task for the same number sends its own.
+- `scope="tenant"`, asked for explicitly: one effect per tenant and key, across all the
+  tenant's tasks, for as long as the ledger keeps done records (7 days by default):
+  e.g. `ctx.once(f"welcome:{user_id}", send_welcome, scope="tenant")` welcomes a user
+  once, whichever task gets there first.
+
+Any other scope is a `ValueError`. The ledger stores `(tenant, key string)` rows either
+way (`EffectLedger` knows nothing of scopes): a task-scoped key is stored as
+`@task/<task id>/<key>` (`TASK_KEY_PREFIX`), and a tenant-scoped key as given. The
+task id has a fixed length, so two tasks' keys never meet, and a tenant-scoped key may
+not start with `@task/` (a `ValueError`), so it never meets a task-scoped one.
+(`ctx.effect_key(key)`, for a provider's own idempotency key, names the task's effect:
+a tenant-scoped effect should hand the provider a key of the tenant's instead.)
+
 What `once` guarantees, and what it cannot
 ------------------------------------------
 Delivery is at least once: an attempt may run twice (a worker killed after the handler
@@ -8,8 +29,9 @@ returned but before its offset was committed; a message republished by a dispatc
 that lost its lease). `ctx.once(key, effect)` makes such a repeat skip the effects the
 earlier run completed, through the effect ledger (`EffectLedger`):
 
-1. claim `(tenant, key)` in the ledger, an atomic insert-if-absent that expires after
-   the claim time (the handler's timeout, or `CLAIM_S`);
+1. claim `(tenant, ledger key)` in the ledger (the key in its scope, above), an atomic
+   insert-if-absent that expires after the claim time (the handler's timeout, or
+   `CLAIM_S`);
 2. run `effect()`;
 3. record the key as done; if the effect raised, drop the claim instead, so a retry can
    run it again.
@@ -36,7 +58,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from scheduler.model import Task, TaskId
 from scheduler.ports import EffectClaim, EffectLedger
@@ -46,6 +68,13 @@ T = TypeVar("T")
 
 CLAIM_S = 60.0
 """How long a claim holds when the handler has no timeout."""
+
+Scope = Literal["task", "tenant"]
+"""Where an effect key of `Context.once` is unique: within one task, or within its tenant."""
+
+TASK_KEY_PREFIX = "@task/"
+"""Starts every task-scoped key in the ledger (`@task/<task id>/<key>`); reserved, so a
+tenant-scoped key may not start with it."""
 
 
 class EffectBusy(RetryableError):
@@ -98,40 +127,69 @@ class Context:
         provider that deduplicates requests (e.g. an SMS API's idempotency header)."""
         return f"{self.task.id}:{key}"
 
-    def once(self, key: str, effect: Callable[[], T]) -> bool:
-        """Run `effect()` unless an earlier attempt of any task of this tenant recorded
-        `key` as done; True if it ran. See the module docstring for the guarantee."""
-        owner = self._claim(key)
+    def ledger_key(self, key: str, scope: Scope = "task") -> str:
+        """The key under which `once(key, ..., scope=scope)` records its effect in the
+        ledger, in this task's tenant (see "The scope of a key" in the module docstring).
+        `ValueError` for an empty key, an unknown scope, or a tenant-scoped key that
+        starts with the reserved `TASK_KEY_PREFIX`."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"an effect key must be a non-empty string, got {key!r}")
+        if scope == "task":
+            return f"{TASK_KEY_PREFIX}{self.task.id}/{key}"
+        if scope == "tenant":
+            if key.startswith(TASK_KEY_PREFIX):
+                raise ValueError(
+                    f"a tenant-scoped effect key may not start with {TASK_KEY_PREFIX!r} (reserved for task-scoped "
+                    f"keys), got {key!r}"
+                )
+            return key
+        raise ValueError(
+            f"ctx.once scope must be 'task' (once per task, the default) or 'tenant' (once per tenant and key, "
+            f"across tasks), got {scope!r}"
+        )
+
+    def once(self, key: str, effect: Callable[[], T], *, scope: Scope = "task") -> bool:
+        """Run `effect()` unless it is recorded as done under `key`; True if it ran.
+
+        With `scope="task"` (the default) the record is this task's: a repeat or retry of
+        this task skips the effect, another task with the same key runs its own. With
+        `scope="tenant"` it is the tenant's: any later task of this tenant with the same
+        key skips it, for the ledger's retention (7 days by default). See the module
+        docstring for the scopes and for the guarantee."""
+        ledger_key = self.ledger_key(key, scope)
+        owner = self._claim(ledger_key, key)
         if owner is None:
             return False
         try:
             effect()
         except BaseException:
-            self._release(key, owner)
+            self._release(ledger_key, owner)
             raise
-        self._done(key, owner)
+        self._done(ledger_key, owner)
         return True
 
-    async def once_async(self, key: str, effect: Callable[[], Awaitable[Any]]) -> bool:
-        """`once` for an `async def` handler: `effect` returns an awaitable. The ledger's
-        calls run on a thread, so the event loop keeps serving other tasks."""
-        owner = await asyncio.to_thread(self._claim, key)
+    async def once_async(self, key: str, effect: Callable[[], Awaitable[Any]], *, scope: Scope = "task") -> bool:
+        """`once` for an `async def` handler, with the same scopes (`"task"` by default):
+        `effect` returns an awaitable. The ledger's calls run on a thread, so the event
+        loop keeps serving other tasks."""
+        ledger_key = self.ledger_key(key, scope)
+        owner = await asyncio.to_thread(self._claim, ledger_key, key)
         if owner is None:
             return False
         try:
             await effect()
         except BaseException:
-            await asyncio.to_thread(self._release, key, owner)
+            await asyncio.to_thread(self._release, ledger_key, owner)
             raise
-        await asyncio.to_thread(self._done, key, owner)
+        await asyncio.to_thread(self._done, ledger_key, owner)
         return True
 
-    def _claim(self, key: str) -> str | None:
+    def _claim(self, ledger_key: str, key: str) -> str | None:
         """The owner name under which the claim is held, or None if the effect is done."""
         if self.ledger is None:
             raise RuntimeError("ctx.once needs the worker's effect ledger; this context has none")
         owner = f"{self.task.id}/{self.task.attempt}/{self.worker}"
-        outcome = self.ledger.claim(self.task.tenant, key, owner, self.claim_s)
+        outcome = self.ledger.claim(self.task.tenant, ledger_key, owner, self.claim_s)
         if outcome is EffectClaim.DONE:
             self.effects_skipped += 1
             return None
@@ -139,11 +197,11 @@ class Context:
             raise EffectBusy(f"effect {key!r} is being run by another attempt right now")
         return owner
 
-    def _done(self, key: str, owner: str) -> None:
+    def _done(self, ledger_key: str, owner: str) -> None:
         assert self.ledger is not None
-        self.ledger.done(self.task.tenant, key, owner)
+        self.ledger.done(self.task.tenant, ledger_key, owner)
         self.effects_run += 1
 
-    def _release(self, key: str, owner: str) -> None:
+    def _release(self, ledger_key: str, owner: str) -> None:
         assert self.ledger is not None
-        self.ledger.release(self.task.tenant, key, owner)
+        self.ledger.release(self.task.tenant, ledger_key, owner)
