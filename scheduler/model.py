@@ -44,6 +44,7 @@ import enum
 import hashlib
 import os
 import threading
+import unicodedata
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -74,6 +75,16 @@ of the task's time (see `status_write_timestamp_us`)."""
 
 MAX_COST = 1_000_000
 """Largest cost a task may have (units of its tenant's rate limit; see `Task.cost`)."""
+
+MAX_NAME_CHARS = 100
+"""Longest tenant or type name, in characters (see `check_name`).
+
+Both names are stored in every task row and travel in every queue message, hand-off
+record and dead letter, beside a payload of typically 100 bytes: 100 characters (at
+most 400 bytes of UTF-8, usually 100) keeps them from outweighing the task they name,
+while leaving room for any name a person or a program means (a DNS label is 63
+characters; a dotted handler name such as `results.board.sms_reminder` is under 40).
+A longer "name" is almost always an id, a payload or a message passed by mistake."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _ONE_MS = timedelta(milliseconds=1)
@@ -164,6 +175,78 @@ def check_cost(cost: int) -> int:
             f"got {cost!r}"
         )
     return cost
+
+
+_NAME_ROLES = {"tenant": "naming who owns it", "type": "naming its handler"}
+
+_SHOWN_CHARS = 40
+"""How much of a refused name an error message quotes."""
+
+_ZERO_WIDTH_JOINERS = frozenset("\u200c\u200d")
+"""Format characters a name may hold: Persian and Indic words and emoji sequences need them."""
+
+_REFUSED_CATEGORIES = {
+    "Cc": "a control character",
+    "Cf": "an invisible formatting character",
+    "Cs": "a lone surrogate, which is not valid Unicode text",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
+
+
+def valid_name(text: object) -> bool:
+    """Whether `text` is a name `check_name` accepts: True or False, never an error, and
+    cheap for the usual name (one C-level scan), so a worker can check every message."""
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_NAME_CHARS:
+        return False
+    if text.isprintable():  # stricter than the rule: if it passes, only whitespace can be wrong
+        return not text.isspace()
+    return _bad_character(text) is None and not text.isspace()
+
+
+def check_name(what: str, text: object) -> str:
+    """`text` if it may name a task's `what` (its tenant or its type), else `InvalidTask`
+    naming the field, the rule and the offending value (shortened when long).
+
+    A name is a string of 1 to `MAX_NAME_CHARS` characters, not all whitespace, without
+    control characters (NUL, newline, tab, DEL, ...), line or paragraph separators, lone
+    surrogates, or invisible formatting characters (bidirectional overrides, zero-width
+    spaces; the zero-width joiners that some scripts need are allowed). Names are printed
+    by the CLI and logs and compared byte for byte: a character that breaks a line, hides
+    or reorders text makes two tenants look alike or a log line lie. Any letter of any
+    script is fine ("कॉलेज", "東京"), and so are characters this Python's Unicode database
+    does not know yet: a name a newer producer accepts must still read back everywhere.
+
+    `Task` (the checked constructor), the producer and the worker's message decoder all
+    apply this one rule.
+    """
+    if not isinstance(text, str) or not text:
+        role = _NAME_ROLES.get(what, f"naming its {what}")
+        raise InvalidTask(f"a task needs a {what}: a non-empty string {role}")
+    if valid_name(text):
+        return text
+    shown = text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
+    if len(text) > MAX_NAME_CHARS:
+        raise InvalidTask(
+            f"a task's {what} is at most {MAX_NAME_CHARS} characters, got {len(text)}: {shown!r}"
+        )
+    found = _bad_character(text)
+    if found is not None:
+        position, char, kind = found
+        raise InvalidTask(
+            f"a task's {what} may hold only printable characters, got {shown!r}: {kind} "
+            f"(U+{ord(char):04X}) at position {position}"
+        )
+    raise InvalidTask(f"a task's {what} must not be only whitespace, got {shown!r}")
+
+
+def _bad_character(text: str) -> tuple[int, str, str] | None:
+    """The first character a name may not hold: (position, character, what it is)."""
+    for position, char in enumerate(text):
+        kind = _REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if kind is not None and char not in _ZERO_WIDTH_JOINERS:
+            return position, char, kind
+    return None
 
 
 def check_shard_count(shard_count: int) -> int:
@@ -339,10 +422,8 @@ class Task:
     cost: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tenant, str) or not self.tenant:
-            raise InvalidTask("a task needs a tenant: a non-empty string naming who owns it")
-        if not isinstance(self.type, str) or not self.type:
-            raise InvalidTask("a task needs a type: a non-empty string naming its handler")
+        check_name("tenant", self.tenant)
+        check_name("type", self.type)
         if not isinstance(self.payload, bytes):
             raise InvalidTask("Task.payload holds msgpack bytes; encode with encode_payload()")
         check_run_at_ms(self.run_at_ms)
@@ -483,7 +564,7 @@ def decode_message(data: bytes) -> Message:
         raise InvalidMessage(f"message holds an invalid task: {exc}") from None
     code = _PRIORITIES_BY_CODE.get(priority) if isinstance(priority, int) else None
     run_at_ms = task_id.run_at_ms + run_at_delta
-    if not isinstance(tenant, str) or not tenant or not isinstance(type_, str) or not type_ or code is None \
+    if not valid_name(tenant) or not valid_name(type_) or code is None \
             or not valid_max_attempts(max_attempts) or not isinstance(attempt, int) \
             or not 1 <= attempt <= max_attempts or not 0 <= run_at_ms <= _MAX_RUN_AT_MS \
             or (key is not None and (not isinstance(key, str) or not key)) or not valid_cost(cost):

@@ -55,6 +55,7 @@ from scheduler.model import (
     Task,
     TaskId,
     check_cost,
+    check_name,
     check_run_at_ms,
     encode_payload,
     to_ms,
@@ -140,7 +141,8 @@ _MAX_DELAY_S = 1e11  # about 3,000 years: more is a mistake, and inf or nan is n
 
 def _check_text(what: str, text: str) -> None:
     """Strings are stored as UTF-8: a lone surrogate (which json.loads can produce from
-    `"\\udc80"`) cannot be, so it is refused here rather than failing the write."""
+    `"\\udc80"`) cannot be, so it is refused here rather than failing the write. For the
+    idempotency key; the tenant and the type follow the stricter `check_name`."""
     if not text.isascii():
         try:
             text.encode()
@@ -210,10 +212,8 @@ class Client:
         tenant = tenant if tenant is not None else self.tenant
         if not isinstance(tenant, str) or not tenant:
             raise InvalidTask("a task needs a tenant: pass tenant=..., or give the Client a default tenant")
-        if not isinstance(type, str) or not type:
-            raise InvalidTask("a task needs a type: a non-empty string naming its handler")
-        _check_text("tenant", tenant)
-        _check_text("type", type)
+        check_name("tenant", tenant)
+        check_name("type", type)
         now = self._now_ms() if now_ms is None else now_ms
         if run_at is not None and delay is not None:
             raise InvalidTask("pass run_at or delay, not both")

@@ -19,6 +19,7 @@ from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, Invali
 from scheduler.model import (
     BUCKET_MS,
     MAX_COST,
+    MAX_NAME_CHARS,
     MAX_PAYLOAD_BYTES,
     MESSAGE_ID_SLICE,
     MESSAGE_VERSION,
@@ -26,6 +27,7 @@ from scheduler.model import (
     Priority,
     Task,
     TaskId,
+    check_name,
     check_shard_count,
     decode_message,
     decode_payload,
@@ -35,10 +37,14 @@ from scheduler.model import (
     minute_bucket,
     peek_release_fields,
     to_ms,
+    valid_name,
 )
 
 run_at_ms = st.integers(min_value=0, max_value=(1 << 48) - 1)
 names = st.text(min_size=1, max_size=40)
+name_characters = st.characters(exclude_categories=("Cc", "Cf", "Cs", "Zl", "Zp"))
+task_names = st.text(name_characters, min_size=1, max_size=40).filter(lambda text: not text.isspace())
+"""Names a tenant or a type may have (`check_name`)."""
 payloads = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text() | st.binary(),
     lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
@@ -244,6 +250,68 @@ def test_a_malformed_task_is_refused(field: str, value: Any, match: str) -> None
         make_task(**{field: value})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("tenant", "b" * (MAX_NAME_CHARS + 1), "a task's tenant is at most 100 characters, got 101: 'bbbb"),
+        ("type", "s" * 1000, "a task's type is at most 100 characters, got 1000: 'ssss"),
+        ("tenant", "board\n", r"tenant may hold only printable characters, got 'board\\n': a control character "
+                               r"\(U\+000A\) at position 5"),
+        ("tenant", "bo\x00ard", r"a control character \(U\+0000\) at position 2"),
+        ("type", "sms\t", r"type may hold only printable characters, .*\(U\+0009\)"),
+        ("type", "sms\x7f", r"a control character \(U\+007F\)"),
+        ("tenant", "board\x85", r"a control character \(U\+0085\)"),  # C1: NEL
+        ("tenant", "board\u2028x", r"a line separator \(U\+2028\)"),
+        ("tenant", "\u202eboard", r"an invisible formatting character \(U\+202E\) at position 0"),  # right-to-left
+        ("tenant", "bo\u200bard", r"an invisible formatting character \(U\+200B\)"),  # zero-width space
+        ("tenant", "board\ud800", r"a lone surrogate, which is not valid Unicode text \(U\+D800\)"),
+        ("tenant", " ", "a task's tenant must not be only whitespace, got ' '"),
+        ("type", "\u3000\u00a0 ", "a task's type must not be only whitespace"),
+        ("tenant", None, "a task needs a tenant: a non-empty string naming who owns it"),
+        ("type", 7, "a task needs a type: a non-empty string naming its handler"),
+    ],
+)
+def test_a_tenant_or_type_that_is_too_long_or_not_printable_is_refused(field: str, value: Any, match: str) -> None:
+    with pytest.raises(InvalidTask, match=match):
+        make_task(**{field: value})
+    with pytest.raises(InvalidTask, match=match):
+        check_name(field, value)
+    assert not valid_name(value)
+
+
+@pytest.mark.parametrize("name", [
+    "b" * MAX_NAME_CHARS,  # exactly at the limit
+    "क" * MAX_NAME_CHARS,  # 100 characters, 300 bytes
+    "कॉलेज", "東京大学", "Zürich board", "board one", " board", "a\u00a0b",
+    "می\u200cخواهم",  # Persian, with the zero-width non-joiner it needs
+    "\U0001F469\u200d\U0001F4BB",  # an emoji sequence joined by a zero-width joiner
+    "\U000E01EF\U0010FFFD",  # a variation selector and a private-use character
+])
+def test_names_of_any_script_up_to_the_limit_are_accepted(name: str) -> None:
+    assert valid_name(name) and check_name("tenant", name) == name
+    assert (make_task(tenant=name).tenant, make_task(type=name).type) == (name, name)
+
+
+def test_a_refused_long_name_is_quoted_short() -> None:
+    with pytest.raises(InvalidTask) as refused:
+        check_name("tenant", "x" * 10_000)
+    assert str(refused.value) == f"a task's tenant is at most 100 characters, got 10000: '{'x' * 40}…'"
+    with pytest.raises(InvalidTask, match=r"got '" + "y" * 40 + r"…': a control character \(U\+000A\) at position 50"):
+        check_name("type", "y" * 50 + "\n")
+
+
+@given(st.text(max_size=110) | st.text(st.sampled_from(" \u00a0\u3000a\u200d\u200b\n"), max_size=4))
+def test_valid_name_and_check_name_agree(text: str) -> None:
+    try:
+        check_name("tenant", text)
+    except InvalidTask:
+        assert not valid_name(text)
+    else:
+        assert valid_name(text)
+        assert 0 < len(text) <= MAX_NAME_CHARS and not text.isspace()
+        assert text.encode()  # valid Unicode: no lone surrogate
+
+
 def test_a_task_costs_1_unless_given_a_cost_up_to_the_limit() -> None:
     assert make_task().cost == 1
     assert make_task(cost=500).cost == 500
@@ -268,8 +336,8 @@ def test_a_task_knows_its_partition() -> None:
 
 @given(
     run_at_ms,
-    names,
-    names,
+    task_names,
+    task_names,
     st.sampled_from(list(Priority)),
     st.integers(1, 10),
     st.integers(0, 2**63 - 1),
@@ -401,8 +469,9 @@ def test_ids_made_by_many_threads_at_once_are_all_distinct() -> None:
 
 
 @given(
-    tenant=st.one_of(st.just("board"), st.just(""), st.integers(0, 1)),
-    type_=st.one_of(st.just("sms"), st.just(""), st.none()),
+    tenant=st.one_of(st.just("board"), st.just(""), st.integers(0, 1), st.just("b" * MAX_NAME_CHARS),
+                     st.just("b" * (MAX_NAME_CHARS + 1)), st.just("bo\nard"), st.just("\u3000"), st.just("कॉलेज")),
+    type_=st.one_of(st.just("sms"), st.just(""), st.none(), st.just("s\x00"), st.just(" "), st.just("s" * 101)),
     priority=st.one_of(st.integers(-1, 3), st.just("high")),
     run_at_delta=st.integers(-2_000_000_000_000, 5000),
     attempt=st.one_of(st.integers(-1, 102), st.booleans()),
@@ -434,16 +503,18 @@ def test_decoding_a_message_accepts_exactly_the_tasks_the_checked_constructor_ac
 # --- what a dispatcher reads before releasing a message -----------------------------------
 
 tenants = st.one_of(
-    st.text(min_size=1, max_size=31),  # up to 31 bytes of ASCII: a fixstr
-    st.text(st.characters(codec="utf-8"), min_size=11, max_size=100),  # often over 31 bytes: str8
-    st.text(min_size=256, max_size=300),  # over 255 bytes: str16
+    task_names.filter(lambda text: len(text.encode()) <= 31),  # up to 31 bytes: a fixstr
+    st.text(st.characters(codec="utf-8", exclude_categories=("Cc", "Cf", "Zl", "Zp")), min_size=11,
+            max_size=MAX_NAME_CHARS).filter(lambda text: not text.isspace()),  # often over 31 bytes: str8
+    st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), min_size=86,
+            max_size=MAX_NAME_CHARS),  # 3 bytes each, so over 255 bytes: str16
     st.sampled_from(["कॉलेज-बोर्ड-परिणाम-२०२६", "board", "b" * 31, "b" * 32, "ü" * 16]),
 )
 
 
 @given(
     tenant=tenants,
-    type_=names,
+    type_=task_names,
     priority=st.sampled_from(list(Priority)),
     cost=st.one_of(st.just(1), st.integers(1, 300), st.integers(1, MAX_COST)),
     key=st.none() | names,

@@ -15,7 +15,18 @@ from hypothesis import strategies as st
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, StoreError
-from scheduler.model import MAX_COST, MAX_PAYLOAD_BYTES, Partition, Priority, Task, TaskId, decode_payload, from_ms
+from scheduler.model import (
+    MAX_COST,
+    MAX_NAME_CHARS,
+    MAX_PAYLOAD_BYTES,
+    Partition,
+    Priority,
+    Task,
+    TaskId,
+    decode_payload,
+    from_ms,
+    valid_name,
+)
 from scheduler.ports import CancelOutcome, InsertFailure, TaskStatus
 from scheduler.producer import FLUSH_MS, URGENT_FLUSH_MS, Client, Submission, SubmitReport
 from tests.tasks import NINE_OCLOCK_MS
@@ -99,6 +110,44 @@ def test_bad_input_is_refused_with_the_reason_and_nothing_is_written(
     with pytest.raises(error, match=match):
         client.submit("sms", **arguments)
     assert store.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("tenant", "type_", "match"),
+    [
+        ("b" * (MAX_NAME_CHARS + 1), "sms", "a task's tenant is at most 100 characters, got 101"),
+        ("board", "s" * 500, "a task's type is at most 100 characters, got 500: 'sssss"),
+        ("board\n", "sms", r"tenant may hold only printable characters, got 'board\\n': a control character"),
+        ("board", "sms\x00", r"type may hold only printable characters, got 'sms\\x00': a control character"),
+        ("bo\x1bard", "sms", r"a control character \(U\+001B\) at position 2"),  # an escape sequence's start
+        ("board", "\udc80", "a lone surrogate"),
+        ("   ", "sms", "a task's tenant must not be only whitespace"),
+        ("board", "\u3000", "a task's type must not be only whitespace"),
+    ],
+)
+def test_a_tenant_or_type_too_long_or_not_printable_is_refused_and_nothing_is_written(
+    store: SqliteTaskStore, tenant: str, type_: str, match: str
+) -> None:
+    client = Client(store, now_ms=lambda: NOW_MS)
+    with pytest.raises(InvalidTask, match=match):
+        client.submit(type_, tenant=tenant)
+    report = client.submit_many([Submission(type=type_, tenant=tenant), Submission(type="sms", tenant="board")])
+    assert [error.index for error in report.rejected] == [0] and report.stored == 1
+    assert store.count() == 1
+
+
+@pytest.mark.parametrize(("tenant", "type_"), [
+    ("b" * MAX_NAME_CHARS, "s" * MAX_NAME_CHARS),  # exactly at the limits
+    ("कॉलेज", "परिणाम.एसएमएस"),
+    ("東京 board", "sms"),
+])
+def test_names_at_the_limit_or_in_any_script_are_stored_and_read_back(
+    client: Client, store: SqliteTaskStore, tenant: str, type_: str
+) -> None:
+    task_id = client.submit(type_, tenant=tenant)
+    stored = client.get(task_id, tenant)
+    assert stored is not None and (stored.task.tenant, stored.task.type) == (tenant, type_)
+    assert [row.task.tenant for row in partition_rows(store, task_id)] == [tenant]  # read through `Task`'s checks
 
 
 def test_a_cost_is_stored_with_the_task_and_1_when_none_is_given(client: Client) -> None:
@@ -362,10 +411,18 @@ def test_progress_sees_a_report_even_for_an_empty_stream(client: Client) -> None
     assert reports == [report]
 
 
+NAMES = st.one_of(
+    st.text(max_size=5),
+    st.text(min_size=MAX_NAME_CHARS - 2, max_size=MAX_NAME_CHARS + 2),
+    st.sampled_from(["कॉलेज", " ", "\u3000", "sms\n", "\x00", "bo\u202eard", "a\u200db", "\udc80", "b" * MAX_NAME_CHARS]),
+)
+"""Tenant and type names on both sides of every rule of `check_name`."""
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    type_=st.one_of(st.text(max_size=5), st.none(), st.integers()),
-    tenant=st.one_of(st.text(max_size=5), st.none()),
+    type_=st.one_of(NAMES, st.none(), st.integers()),
+    tenant=st.one_of(NAMES, st.none()),
     priority=st.one_of(st.sampled_from(["high", "normal", "low", "urgent", "", 1, None, ["high"]]),
                        st.sampled_from(list(Priority))),
     key=st.one_of(st.none(), st.text(max_size=5), st.integers()),
@@ -387,6 +444,27 @@ def test_the_producers_own_checks_agree_with_the_tasks(
         return
     fields = {name: getattr(task, name) for name in Task.__slots__}
     assert Task(**fields) == task
+
+
+@settings(max_examples=300, deadline=None)
+@given(tenant=NAMES, type_=NAMES)
+def test_the_producer_and_the_task_refuse_exactly_the_same_names(tenant: str, type_: str) -> None:
+    """The other way round, for names: what `Task` refuses, the producer refuses too, so
+    a task the producer stores can always be read back through the checked constructor."""
+    client = Client(SqliteTaskStore(":memory:"), now_ms=lambda: NOW_MS)
+    try:
+        client.task(type_, tenant=tenant)
+    except InvalidTask:
+        by_producer = False
+    else:
+        by_producer = True
+    try:
+        Task(TaskId.new(NOW_MS), tenant, type_, b"\xc0", NOW_MS)
+    except InvalidTask:
+        by_task = False
+    else:
+        by_task = True
+    assert by_producer == by_task == (valid_name(tenant) and valid_name(type_))
 
 
 class RaisingThirdInsert(FailingSecondInsert):
