@@ -15,6 +15,7 @@ kills. Behaviour is chosen by the payload:
                                         minutes (to be killed); later runs return
     {"effect": "k"}                     with any mode that returns: ctx.once("k", ...)
                                         records one effect in the sink
+    {"effect": "k", "scope": "tenant"}  the same with ctx.once("k", ..., scope="tenant")
 
 The `fair` handler records a span per run (tenant, cost, start, end), so a test can
 measure how many of a tenant's tasks ran at once, and when they started.
@@ -111,7 +112,7 @@ def behave(ctx: Context, payload: dict[str, Any]) -> None:
             marker.write_text(str(os.getpid()))
             time.sleep(600)
     if "effect" in payload:
-        ctx.once(payload["effect"], lambda: sink().effect(payload["effect"], ctx))
+        ctx.once(payload["effect"], lambda: sink().effect(payload["effect"], ctx), scope=payload.get("scope", "task"))
 
 
 @app.handler("sms")
@@ -134,7 +135,8 @@ async def reminder(ctx: Context, payload: dict[str, Any]) -> None:
     sink().run(ctx)
     await asyncio.sleep(float(payload.get("s", 0)))
     if "effect" in payload:
-        await ctx.once_async(payload["effect"], lambda: asyncio.to_thread(sink().effect, payload["effect"], ctx))
+        await ctx.once_async(payload["effect"], lambda: asyncio.to_thread(sink().effect, payload["effect"], ctx),
+                             scope=payload.get("scope", "task"))
 
 
 @app.handler("slow", timeout_s=0.3, max_attempts=2, jitter="none", backoff_base_s=0.2)

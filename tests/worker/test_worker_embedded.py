@@ -19,6 +19,7 @@ from scheduler import handoff
 from scheduler.model import Priority, decode_message
 from scheduler.ports import Delivery, StatusReport, TaskStatus
 from scheduler.worker import App, Context, RetryableError, dead_letters
+from scheduler.worker.context import TASK_KEY_PREFIX
 from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
 
 
@@ -60,14 +61,16 @@ def test_a_redelivered_task_that_is_done_is_skipped_and_its_effect_not_repeated(
     assert len(rig.sink.effects()) == 1
 
 
-def test_the_ledger_skips_an_effect_an_earlier_attempt_completed(rig: EmbeddedRig) -> None:
-    (item,) = rig.fire([task("sms", {"effect": "pay-7"})])
+def test_the_ledger_skips_a_tenant_scoped_effect_an_earlier_task_completed(rig: EmbeddedRig) -> None:
+    (item,) = rig.fire([task("sms", {"effect": "pay-7", "scope": "tenant"})])
     worker = rig.start()
     wait_for(lambda: rig.home(item).status is TaskStatus.DONE)
-    (again,) = rig.fire([task("sms", {"effect": "pay-7"})])  # another task, same effect key, same tenant
+    (again,) = rig.fire([task("sms", {"effect": "pay-7", "scope": "tenant"})])  # another task, same key and tenant
     wait_for(lambda: rig.home(again).status is TaskStatus.DONE)
-    assert len(rig.sink.effects()) == 1
-    assert worker.stats.effects_run == 1 and worker.stats.effects_skipped == 1
+    (own,) = rig.fire([task("sms", {"effect": "pay-7"})])  # task-scoped (the default): its own effect
+    wait_for(lambda: rig.home(own).status is TaskStatus.DONE)
+    assert [effect[1] for effect in rig.sink.effects()] == [str(item.id), str(own.id)]
+    assert worker.stats.effects_run == 2 and worker.stats.effects_skipped == 1
 
 
 def test_a_permanent_error_is_dead_at_once_with_its_error(rig: EmbeddedRig) -> None:
@@ -350,7 +353,7 @@ def test_an_unexpected_error_of_the_home_row_check_runs_the_batch_unchecked(rig:
 
 def test_a_copy_that_finds_the_effect_claimed_is_deferred_as_the_same_attempt(rig: EmbeddedRig) -> None:
     (item,) = rig.fire([task("sms", {"effect": "busy-1"}, attempt=3, max_attempts=3)])
-    assert rig.ledger.claim("board", "busy-1", "another-copy", 60).value == "claimed"
+    assert rig.ledger.claim("board", f"{TASK_KEY_PREFIX}{item.id}/busy-1", "another-copy", 60).value == "claimed"
     worker = rig.start()
     wait_for(lambda: worker.stats.deferred == 1 and handed_tasks(rig), what="the deferral")
     assert [(c.id, c.attempt) for c in handed_tasks(rig)] == [(item.id, 3)]
