@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
 from scheduler.model import (
@@ -176,6 +176,7 @@ class Client:
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         now_ms: Callable[[], int] | None = None,
+        closer: Callable[[], None] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
@@ -190,6 +191,23 @@ class Client:
         self.chunk_size = chunk_size
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._last_run_at: tuple[datetime | None, int] = (None, 0)
+        self._closer = closer
+
+    # Closing.
+
+    def close(self) -> None:
+        """Close what was opened for this client (`scheduler.connect` passes its store and
+        hand-off as `closer`); a client made around a store of your own leaves the store
+        open. Closing again does nothing."""
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            closer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # Building and checking a task.
 
