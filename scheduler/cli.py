@@ -1,4 +1,5 @@
-"""The `scheduler` command: the one place that wires adapters to settings.
+"""The `scheduler` command. Its options become settings here; `wiring` picks the
+adapters, and producers come from `scheduler.connect`, as applications get theirs.
 
 Every option also reads a `SCHEDULER_*` environment variable, shown in `--help`.
 Exit codes are the named constants below, so scripts can tell a bad flag from a
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import click
 
-from scheduler import __version__, wiring
+from scheduler import __version__, connecting, wiring
 from scheduler.errors import (
     ConfigError,
     CoordinatorUnavailable,
@@ -135,15 +136,6 @@ def schema_apply(**options: Any) -> None:
     )
 
 
-BACKENDS = ("embedded", "cassandra")
-
-
-def default_db_path() -> Path:
-    """Where the embedded store lives unless told: `$XDG_DATA_HOME/scheduler/tasks.db`."""
-    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(base) / "scheduler" / "tasks.db"
-
-
 def queue_options(function: F) -> F:
     """Where the Kafka cluster is, and the prefix of the scheduler's topics."""
     defaults = KafkaSettings()
@@ -162,13 +154,14 @@ def store_options(function: F) -> F:
     command uses, and where tasks due soon are handed to the dispatchers."""
     function = queue_options(cassandra_options(function))
     function = click.option(
-        "--db", "db", type=click.Path(dir_okay=False, path_type=Path), default=default_db_path,
-        envvar="SCHEDULER_DB", show_envvar=True, show_default="$XDG_DATA_HOME/scheduler/tasks.db",
+        "--db", "db", type=click.Path(dir_okay=False, path_type=Path), default=connecting.default_db_path,
+        envvar=connecting.DB_ENV, show_envvar=True, show_default="$XDG_DATA_HOME/scheduler/tasks.db",
         help="SQLite file of the embedded backend (created when missing); its queue and coordinator "
              "files sit beside it.",
     )(function)
     return click.option(
-        "--backend", "backend", type=click.Choice(BACKENDS), default="embedded", envvar="SCHEDULER_BACKEND",
+        "--backend", "backend", type=click.Choice(connecting.BACKENDS), default="embedded",
+        envvar=connecting.BACKEND_ENV,
         show_envvar=True, show_default=True,
         help="embedded: SQLite files on this machine, no servers. cassandra: the distributed backend "
              "(Cassandra, Kafka, ZooKeeper).",
@@ -177,10 +170,11 @@ def store_options(function: F) -> F:
 
 def backend_settings(backend: str, db: Path, *, kafka_bootstrap: str, topic_prefix: str,
                      zookeeper: ZooKeeperSettings | None = None, **cassandra: Any) -> BackendSettings:
-    return BackendSettings(
+    """The backend a command's options name (each already read from its flag or variable),
+    resolved as `scheduler.connect` resolves its arguments."""
+    return connecting.backend_settings(
         backend=backend, db=db, cassandra=settings_from(**cassandra),
-        kafka=KafkaSettings.from_env(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix),
-        zookeeper=zookeeper or ZooKeeperSettings.from_env(),
+        kafka=KafkaSettings.from_env(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix), zookeeper=zookeeper,
     )
 
 
@@ -190,15 +184,13 @@ def open_store(backend: str, db: Path, **options: Any) -> Iterator[TaskStore]:
         yield store
 
 
-@contextmanager
 def open_client(backend: str, db: Path, tenant: str | None = None, default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                **options: Any) -> Iterator[Client]:
-    """A producer client whose hand-off reaches this backend's dispatchers."""
-    from scheduler.producer import Client
-
+                **options: Any) -> Client:
+    """A producer client whose hand-off reaches this backend's dispatchers: the one
+    `scheduler.connect` gives applications. Use it in a `with` block."""
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_handoff(settings, store.shard_count) as handoff:
-        yield Client(store, tenant=tenant, handoff=handoff, default_max_attempts=default_max_attempts)
+    return connecting.connect(tenant=tenant, backend=settings.backend, db=settings.db, cassandra=settings.cassandra,
+                              kafka=settings.kafka, default_max_attempts=default_max_attempts)
 
 
 _DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")

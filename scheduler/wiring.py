@@ -1,4 +1,5 @@
-"""Which adapters make up each backend, for the CLI: the one place that picks drivers.
+"""Which adapters make up each backend, for the CLI and `scheduler.connect`: the one place
+that picks drivers.
 
 - `embedded`: the SQLite task store (`--db`), a SQLite log beside it (`queue.db`) and a
   SQLite coordinator (`coordinator.db`); processes on one machine share all three.
@@ -8,13 +9,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.dispatcher.shard import topic_tags
-from scheduler.errors import ConfigError
+from scheduler.errors import ConfigError, QueueError, QueueUnavailable
 from scheduler.handoff import LogHandoff
 from scheduler.ports import (
     Consumer,
@@ -30,6 +32,8 @@ from scheduler.ports import (
     TopicScanner,
 )
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,13 @@ def open_limits(settings: BackendSettings, store: TaskStore) -> Iterator[LimitsS
 
 
 @contextmanager
-def open_handoff(settings: BackendSettings, shard_count: int) -> Iterator[Handoff]:
-    """The producer's hand-off to the dispatchers of this backend."""
+def open_handoff(settings: BackendSettings, shard_count: int, *, check: bool = False) -> Iterator[Handoff]:
+    """The producer's hand-off to the dispatchers of this backend.
+
+    With `check`, Kafka is asked for its metadata first: `QueueUnavailable` if no broker
+    answers. A hand-off topic that is missing, or has another partition count than
+    `shard_count`, is logged as a warning and not raised: tasks due later need no
+    hand-off, and the dispatchers create the topics when they start."""
     if settings.backend == "embedded":
         from scheduler.adapters.embedded.queue import SqliteQueue
 
@@ -126,11 +135,19 @@ def open_handoff(settings: BackendSettings, shard_count: int) -> Iterator[Handof
     else:
         from scheduler.adapters.kafka.handoff import KafkaHandoffLog
 
-        log = KafkaHandoffLog(settings.kafka, shard_count)
+        handoff_log = KafkaHandoffLog(settings.kafka, shard_count)
         try:
-            yield LogHandoff(log, shard_count)
+            if check:
+                try:
+                    handoff_log.check()
+                except QueueUnavailable:
+                    raise
+                except QueueError as exc:  # the topic is missing or has another partition count
+                    log.warning("%s; until it is right, a submit of a task due soon fails with HandoffFailed", exc,
+                                extra={"action": "handoff_topic_missing"})
+            yield LogHandoff(handoff_log, shard_count)
         finally:
-            log.close()
+            handoff_log.close()
 
 
 @dataclass

@@ -27,11 +27,11 @@ from typing import Any
 from rich.console import Console
 
 from scheduler import wiring
+from scheduler.connecting import backend_settings, connect
 from scheduler.errors import SchedulerError, StoreUnavailable
 from scheduler.model import TaskId
-from scheduler.ports import StoredTask, TaskStore
+from scheduler.ports import StoredTask
 from scheduler.producer import Client
-from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 
 from .app import GATEWAY_ENV
 from .board import Board, Frame
@@ -96,10 +96,11 @@ def play(options: DemoOptions, console: Console) -> dict[str, Any]:
             settings, backend_args, env = stack.enter_context(_backend(options, directory, console))
             gateway = Gateway(directory / "gateway.db")
             stack.callback(gateway.close)
-            store = stack.enter_context(wiring.open_store(settings))
+            client = stack.enter_context(connect(backend=settings.backend, db=settings.db,
+                                                 cassandra=settings.cassandra, kafka=settings.kafka))
             fleet = Fleet(directory, backend_args, {**env, GATEWAY_ENV: str(gateway.path)})
             stack.callback(fleet.stop)
-            summary = _story(options, settings, store, fleet, gateway, console)
+            summary = _story(options, settings, client, fleet, gateway, console)
             failed = not summary["ok"]
             return summary
     finally:
@@ -116,12 +117,10 @@ def _backend(options: DemoOptions, directory: Path,
     """The settings of the demo's own client, the backend arguments and environment of
     its processes; for `local`, a deployment of its own, removed afterwards."""
     if options.backend == "embedded":
-        kafka = KafkaSettings.from_env()
-        cassandra = CassandraSettings.from_env()
-        settings = wiring.BackendSettings("embedded", directory / "tasks.db", cassandra, kafka,
-                                          ZooKeeperSettings.from_env())
+        settings = backend_settings(backend="embedded", db=directory / "tasks.db")
         yield settings, ["--backend", "embedded", "--db", str(settings.db)], {
-            "SCHEDULER_TOPIC_PREFIX": kafka.topic_prefix, "SCHEDULER_SHARDS_TOTAL": str(cassandra.shard_count)}
+            "SCHEDULER_TOPIC_PREFIX": settings.kafka.topic_prefix,
+            "SCHEDULER_SHARDS_TOTAL": str(settings.cassandra.shard_count)}
         return
     deployment = LocalDeployment.fresh()
     console.print(f"creating keyspace {deployment.cassandra.keyspace}, topics {deployment.kafka.topic_prefix}.* "
@@ -147,9 +146,10 @@ def _backend(options: DemoOptions, directory: Path,
         remove()
 
 
-def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskStore, fleet: Fleet,
+def _story(options: DemoOptions, settings: wiring.BackendSettings, client: Client, fleet: Fleet,
            gateway: Gateway, console: Console) -> dict[str, Any]:
     story = options.story
+    store = client.store
     stage = Stage(began_ms=now_ms())
     if story.sms_rate is not None:
         with wiring.open_limits(settings, store) as limits:
@@ -166,7 +166,7 @@ def _story(options: DemoOptions, settings: wiring.BackendSettings, store: TaskSt
 
         results_at_ms = (now_ms() + int(options.lead_s * 1000)) // 1000 * 1000 + 1000
         reminders_at_ms = results_at_ms + int(story.reminder_delay_s * 1000)
-        planned = _submit(settings, store, story, results_at_ms)
+        planned = _submit(client, story, results_at_ms)
         ids = [task.task_id for task in planned]
         stage.note(f"state-board submitted {story.board_tasks} tasks ({story.results:,} SMS) due at "
                    f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s; city-college booked {story.reminders} "
@@ -229,10 +229,9 @@ def _fairness(story: Story, gateway: Gateway, reminders_at_ms: int) -> dict[str,
     }
 
 
-def _submit(settings: wiring.BackendSettings, store: TaskStore, story: Story, results_at_ms: int) -> list[Planned]:
+def _submit(client: Client, story: Story, results_at_ms: int) -> list[Planned]:
     items = story.plan(results_at_ms)
-    with wiring.open_handoff(settings, store.shard_count) as handoff:
-        report = Client(store, handoff=handoff).submit_many(items, keep_ids=True)
+    report = client.submit_many(items, keep_ids=True)
     if not report.complete or report.stored != len(items) or report.ids is None:
         errors = report.rejected or report.failed
         raise DemoFailure(f"stored {report.stored} of {len(items)} tasks"
