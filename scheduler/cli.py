@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar, cast
 
 import click
 
@@ -193,6 +193,15 @@ def open_client(backend: str, db: Path, tenant: str | None = None, default_max_a
                               kafka=settings.kafka, default_max_attempts=default_max_attempts)
 
 
+def unopened_client() -> Client:
+    """A client on no store, for the checks `Client.task` makes (it builds a task and
+    reads no store), so a command with bad input fails before any store is opened: on
+    the embedded backend, opening one creates its files."""
+    from scheduler.producer import Client
+
+    return Client(cast(TaskStore, None))
+
+
 _DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")
 
 
@@ -263,6 +272,8 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
     With --file, submits a whole file, shows progress, and reports every line that was
     not stored with its reason; the exit code is 1 if any line was not stored.
     """
+    # Everything is checked before a store is opened (`connect` checks the settings and
+    # the default max attempts first), so a failed submit leaves no file behind.
     if file is not None:
         if task_type is not None:
             raise click.UsageError("give TYPE or --file, not both")
@@ -273,14 +284,14 @@ def submit(task_type: str | None, payload: str, tenant: str | None, run_at: str 
         raise click.UsageError("missing TYPE (the task's handler name), or --file")
     if not tenant:
         raise click.UsageError("missing --tenant (or SCHEDULER_TENANT): the tenant that owns the task")
-    parsed_payload = parse_payload(payload)  # the flags are read before the store is opened
-    parsed_run_at = parse_run_at(run_at) if run_at else None
-    parsed_delay = parse_delay(delay) if delay else None
+    task: dict[str, Any] = {
+        "type": task_type, "payload": parse_payload(payload), "tenant": tenant,
+        "run_at": parse_run_at(run_at) if run_at else None, "delay": parse_delay(delay) if delay else None,
+        "priority": priority, "idempotency_key": key, "max_attempts": max_attempts, "cost": cost,
+    }
+    unopened_client().task(**task)  # InvalidTask, as submit would raise it
     with open_client(backend, db, **cassandra) as client:
-        task_id = client.submit(
-            task_type, parsed_payload, tenant=tenant, run_at=parsed_run_at, delay=parsed_delay,
-            priority=priority, idempotency_key=key, max_attempts=max_attempts, cost=cost,
-        )
+        task_id = client.submit(**task)
     click.echo(str(task_id))
 
 

@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from scheduler.adapters.cassandra.schema import render
-from scheduler.cli import Exit, cli, main
+from scheduler.cli import Exit, cli, exit_code_for, main
+from scheduler.errors import SchedulerError
 from scheduler.model import TaskId
 from scheduler.settings import CassandraSettings
 from tests.support import run_cli
@@ -118,10 +119,7 @@ def test_bad_submit_input_is_a_usage_error_and_writes_nothing(tmp_path: Path, ar
     result = run_cli("submit", "sms", "--tenant", "t", *args, env=env)
     assert result.returncode == Exit.USAGE
     assert message in result.stderr
-    if (tmp_path / "tasks.db").exists():
-        from scheduler.adapters.embedded.store import SqliteTaskStore
-
-        assert SqliteTaskStore(tmp_path / "tasks.db").count() == 0
+    assert not (tmp_path / "tasks.db").exists()
 
 
 def test_submit_file_reports_every_line_not_stored(tmp_path: Path) -> None:
@@ -187,3 +185,56 @@ def test_a_bad_default_max_attempts_for_a_file_is_a_usage_error(tmp_path: Path) 
     result = run_cli("submit", "--file", str(path), "--tenant", "t", "--max-attempts", "0", env=embedded_env(tmp_path))
     assert result.returncode == Exit.USAGE
     assert "max attempts must be from 1 to 100" in result.stderr
+
+
+LONG_PAYLOAD = json.dumps({"text": "x" * 70_000})
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param(["sms", "--tenant", "t", "--payload", "{oops"], id="payload-not-json"),
+    pytest.param(["sms", "--tenant", "t", "--payload", LONG_PAYLOAD], id="payload-over-64-kib"),
+    pytest.param(["sms", "--tenant", "t", "--run-at", "2030-01-01T10:00"], id="run-at-without-zone"),
+    pytest.param(["sms", "--tenant", "t", "--run-at", "tomorrow"], id="run-at-not-iso"),
+    pytest.param(["sms", "--tenant", "t", "--run-at", "2030-01-01T10:00Z", "--delay", "1m"], id="run-at-and-delay"),
+    pytest.param(["sms", "--tenant", "t", "--delay", "soon"], id="delay-not-a-delay"),
+    pytest.param(["sms", "--tenant", "t", "--delay", "inf"], id="delay-infinite"),
+    pytest.param(["sms", "--tenant", "t", "--priority", "urgent"], id="unknown-priority"),
+    pytest.param(["sms", "--tenant", "t", "--key", "k"], id="key-without-run-at"),
+    pytest.param(["sms", "--tenant", "t", "--key", "k", "--delay", "15m"], id="key-with-delay"),
+    pytest.param(["sms", "--tenant", "t", "--key", ""], id="empty-key"),
+    pytest.param(["sms", "--tenant", ""], id="empty-tenant"),
+    pytest.param(["sms", "--tenant", "t" * 101], id="over-long-tenant"),
+    pytest.param(["sms", "--tenant", "a\nb"], id="tenant-with-a-newline"),
+    pytest.param(["", "--tenant", "t"], id="empty-type"),
+    pytest.param(["--tenant", "t"], id="no-type"),
+    pytest.param(["sms", "--tenant", "t", "--max-attempts", "0"], id="max-attempts"),
+    pytest.param(["sms", "--tenant", "t", "--cost", "0"], id="cost"),
+    pytest.param(["sms", "--tenant", "t", "--keyspace", "Bad-Name"], id="bad-setting"),
+    pytest.param(["sms", "--tenant", "t", "--topic-prefix", "no spaces"], id="bad-topic-prefix"),
+    pytest.param(["sms", "--tenant", "t", "--backend", "mars"], id="unknown-backend"),
+    pytest.param(["sms", "--file", "FILE", "--tenant", "t"], id="type-and-file"),
+    pytest.param(["--file", "FILE", "--tenant", "t", "--max-attempts", "0"], id="file-with-bad-max-attempts"),
+])
+def test_a_failed_submit_creates_no_database_file(tmp_path: Path, args: list[str]) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"type": "sms"}) + "\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    result = CliRunner().invoke(
+        cli, ["submit", *(str(tasks) if arg == "FILE" else arg for arg in args), "--db", str(data / "tasks.db")],
+        env={"SCHEDULER_BACKEND": "embedded", "SCHEDULER_TENANT": None},
+    )
+    error = result.exception
+    usage = result.exit_code == Exit.USAGE or isinstance(error, SchedulerError) and exit_code_for(error) == Exit.USAGE
+    assert usage, (result.output, error)
+    assert list(data.iterdir()) == []
+
+
+def test_a_good_submit_creates_the_database_files_where_the_failed_ones_did_not(tmp_path: Path) -> None:
+    """The other side of the test above: that directory is where a submit writes."""
+    data = tmp_path / "data"
+    result = CliRunner().invoke(cli, ["submit", "sms", "--tenant", "t", "--db", str(data / "tasks.db")],
+                                env={"SCHEDULER_BACKEND": "embedded"})
+    assert result.exit_code == Exit.OK, (result.output, result.exception)
+    assert TaskId.parse(result.output.strip())
+    assert {"tasks.db", "queue.db"} <= {path.name for path in data.iterdir()}
