@@ -1,24 +1,64 @@
-"""One owned shard's firing state: its wheel, and the three frontiers that bound its cursor.
+"""One owned shard's firing state: its wheel, what it has handled, and the frontiers that
+bound its cursor.
 
 Everything here runs on the dispatcher's fire loop, one thread, with no I/O; the loop
-does the reads and writes and feeds the results in. A shard's cursor `fired_through`
-promises that every acknowledged task with `run_at <= fired_through` was published, so
-the cursor written to the store is the least of three frontiers:
+does the reads and writes and feeds the results in (`scheduler.dispatcher.runtime`).
 
+The promise, and who keeps it
+-----------------------------
+A row in the store is a promise, whoever wrote it (this SDK with or without a hand-off,
+another language, a bulk load, a CQL INSERT): it fires, never before its time, late
+rather than never. A row can land anywhere relative to the shard's progress, so three
+looks cover the three places it can land:
+
+- **ahead** of what was read: the bucket read a minute ahead finds it;
+- **read already, not yet due**: each one-second slice is counted again in the store
+  `verify_lead_ms` before it falls due (the *verify*), and read again if the store holds
+  more rows than the shard knows of;
+- **already due or fired** (written late, or into the past): each slice is counted once
+  more `second_look_ms` after it ended, or after its bucket was read if that was later
+  (the *second look*), and read again when the count differs; behind that, every
+  `sweep_interval_ms` the whole look-back horizon (`horizon_ms`) is counted bucket by
+  bucket (the *sweep*), each against what the shard has handled there, and a bucket
+  whose count differs is read again. What a second look or a sweep finds fires at once.
+
+So a row acknowledged at W with `run_at` R fires by max(R, W) plus about
+`second_look_ms` + one second when W is before R's slice's second look, and by W plus
+`sweep_interval_ms` (and the read) otherwise, as long as R is within the horizon of W.
+Counts are cheap (one query per slice, one per shard per sweep); rows are read again
+only where a count differs.
+
+The record of what was handled
+------------------------------
+`seen` (`SeenRecord`) keeps the key `(run_at, id)` of every row the shard has handled in
+the horizon: fired (to the queue or into the release gate), read as not to fire, or
+dead-lettered as unreadable. It is the expected side of every count, the filter of every
+re-read (only rows not in it are new), and the memory that keeps a late copy of a row
+already fired (a hand-off replayed after a take-over, a re-read) from being published
+again: an entry that entered the wheel behind its frontier is looked up before it fires.
+
+The cursor
+----------
+`fired_through`, the cursor written to the store, promises that every row at or before
+it was handled, as the store held it at the shard's last look; it is the least of
+
+- `looked_through_ms`: every slice up to here had its second look;
+- `loaded_through_ms`, `verified_through_ms`: read, and counted before firing;
 - `flushed_through_ms`: the wheel fired through here and the queue acknowledged it;
-- `loaded_through_ms`: every bucket up to here was read from the store (a bucket read
-  late only delays its tasks: they enter the wheel overdue and fire at once);
-- `verified_through_ms`: every one-second slice up to here was re-counted in the store
-  just before it fell due, and read again if the store held rows the shard had not
-  seen (a write that landed after its bucket was read and never reached the hand-off).
+- the earliest `run_at` of any batch fired and not yet acknowledged, and of anything
+  that entered the wheel behind its frontier and has not fired yet (a late load, a
+  hand-off into the past, what a look found): the cursor never passes a task the queue
+  has not acknowledged, whatever path brought it;
 
-A task may reach the wheel twice (read from the store, and handed off); both copies
-share a run_at, hence a slot, and the second is dropped when the slot fires. Rows are
-told apart by `(id, run_at)`, since a retry is the same id at a later run_at. To count a
-slice exactly, the shard counts the distinct rows its wheel holds for it when the count
-is asked for, plus the rows that were read but must not fire (finished, already
-reported) and those fired before the slice was verified; a store count above that is
-exactly "a row is missing here". The re-read merges rows by the same key.
+cut down to a slice boundary, so that a count per slice or per bucket "through the
+cursor" means the same to this owner and the next. With the cursor the owner writes
+`baselines`: for each bucket of the horizon, how many of its rows at or before the
+cursor it has handled. A new owner starts at the cursor and sweeps the buckets behind it
+against those counts; a bucket that holds more is read again and its rows that still
+need firing are fired (a late row, and possibly repeats of rows the old owner fired that
+no worker has reported on yet: duplicates, never loss). A task handed in behind the
+persisted cursor (into the past) holds the cursor's advance until the queue
+acknowledged it, since the cursor cannot move back below it.
 
 A slice is not fired before it is verified, unless its verification is later than
 `verify_grace_ms` past the slice's end: then it fires anyway (on time matters more than
@@ -31,6 +71,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from scheduler.dispatcher.seen import Key, SeenRecord, pack
 from scheduler.fairness.gate import Waiting
 from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, Partition, Priority, Task, encode_message, minute_bucket
 from scheduler.ports import Lease, StoredTask, TaskStatus
@@ -39,7 +80,7 @@ from scheduler.wheel import Entry, TimingWheel
 log = logging.getLogger(__name__)
 
 SLICE_MS = 1000
-"""Width of the slices re-counted just ahead of the cursor; divides `BUCKET_MS`."""
+"""Width of the slices counted before and after they fire; divides `BUCKET_MS`."""
 
 LONG_TAG = 3
 """Wheel tag of the `long` ready topic; priorities use their codes 0, 1, 2."""
@@ -48,13 +89,24 @@ CANCEL_MEMORY_MS = 3 * BUCKET_MS
 """How long after its run_at a handed-off cancel is remembered (cancels of retry copies,
 due later, are the worker's to honour: it checks the task's home row)."""
 
+DEFAULT_HORIZON_MS = 10 * BUCKET_MS
+"""How far back the sweep looks for rows written late (see the module docstring)."""
 
-Key = tuple[int, bytes]
-"""A row: `(run_at_ms, id bytes)`; a retry copy is the same id at a later run_at."""
+__all__ = ["Key", "OwnedShard", "Row", "FireBatch", "SLICE_MS", "LONG_TAG", "rows_from", "should_fire", "slice_of",
+           "slice_floor", "tag_for", "topic_tags"]
 
 
 def slice_of(run_at_ms: int) -> int:
     return run_at_ms // SLICE_MS
+
+
+def slice_end(k: int) -> int:
+    return k * SLICE_MS + SLICE_MS - 1
+
+
+def slice_floor(ms: int) -> int:
+    """The end of the last whole slice at or before `ms`."""
+    return (ms + 1) // SLICE_MS * SLICE_MS - 1
 
 
 def tag_for(task: Task, long_types: frozenset[str]) -> int:
@@ -74,12 +126,14 @@ def should_fire(stored: StoredTask) -> bool:
 @dataclass
 class Row:
     """A row read from the store, reduced to what the wheel needs; `message` is None for
-    a row that must not fire (it still counts as seen)."""
+    a row that must not fire (it still counts as handled)."""
 
     run_at_ms: int
     id: bytes
     tag: int
     message: bytes | None
+    letter: bytes | None = None
+    """For a row that could not be read: its dead letter (`message` is then None)."""
 
 
 def rows_from(stored: Iterable[StoredTask], token: int, long_types: frozenset[str]) -> list[Row]:
@@ -106,6 +160,10 @@ class FireBatch:
     """For a batch the gate let out: what to settle with it once the queue acknowledged."""
     released_at_ms: int | None = None
     """...and the moment it was let out, which its messages are stamped with."""
+    floor_ms: int | None = None
+    """The earliest run_at in the batch: the cursor stays below it until it is acknowledged."""
+    dead_letters: list[bytes] = field(default_factory=list)
+    """Dead letters of rows that could not be read, for the dead-letter topic."""
 
 
 @dataclass
@@ -113,46 +171,76 @@ class OwnedShard:
     shard: int
     lease: Lease
     start_ms: int
-    """The cursor when the shard was taken: everything at or before it was fired before."""
+    """The cursor when the shard was taken (cut down to a slice boundary): everything at or
+    before it was handled before, as `inherited` counts it."""
     shard_count: int
     long_types: frozenset[str] = frozenset()
     tick_ms: int = 100
     verify_grace_ms: int = 1000
     max_loading_buckets: int = 2
     """Bucket reads in flight at once, so a shard far behind catches up in order."""
+    second_look_ms: int = 1000
+    sweep_interval_ms: int = 10_000
+    horizon_ms: int = DEFAULT_HORIZON_MS
+    inherited: dict[int, int] | None = None
+    """The baselines read with the cursor: bucket -> rows at or before it handled by the
+    previous owners. None when the store records none (a shard never advanced, or advanced
+    by a version without them): every bucket behind the cursor is then unknown."""
     wheel: TimingWheel = field(init=False)
     flushed_through_ms: int = field(init=False)
     loaded_through_ms: int = field(init=False)
     verified_through_ms: int = field(init=False)
+    looked_through_ms: int = field(init=False)
     persisted_ms: int = field(init=False)
     requested_buckets: set[int] = field(default_factory=set)
-    """Buckets at or after the loaded frontier whose read has been asked for."""
+    """Buckets at or after the loaded frontier whose read has been asked for (a failed read
+    stays here, so a hand-off for it is still taken, and is asked for again)."""
+    failed_buckets: set[int] = field(default_factory=set)
     completed_buckets: set[int] = field(default_factory=set)
-    skipped: dict[int, set[Key]] = field(default_factory=dict)
-    """slice -> rows read that must not fire; they count as seen until it is verified."""
-    fired_early: dict[int, set[Key]] = field(default_factory=dict)
-    """slice -> rows fired before the slice was verified (past its grace)."""
+    read_at_ms: dict[int, int] = field(default_factory=dict)
+    """bucket -> when its read began: its slices' second looks come after that."""
+    seen: SeenRecord = field(default_factory=SeenRecord)
+    baseline: dict[int, int | None] = field(default_factory=dict)
+    """bucket -> rows at or before `start_ms` handled (None: unknown); see `expected`."""
     counting: dict[int, int] = field(default_factory=dict)
-    """slice -> rows seen when its count was asked for (the count or re-read in flight)."""
+    """slice -> rows known when its verify count was asked for (the count or re-read in flight)."""
     verified_slices: set[int] = field(default_factory=set)
     """Verified slices beyond the verified frontier."""
+    looking: dict[int, int] = field(default_factory=dict)
+    """slice -> rows known when its second look was asked for."""
+    looked_slices: set[int] = field(default_factory=set)
     cancelled: dict[bytes, int] = field(default_factory=dict)
     """id -> run_at of handed-off cancels."""
     verify_retry_at_ms: int = 0
+    look_retry_at_ms: int = 0
     load_retry_at_ms: int = 0
     posted_through: dict[int, int] = field(default_factory=dict)
     """bucket -> the run_at through which its rows have reached the wheel, so a read that
     failed part-way resumes after them instead of sending them again."""
     cancels_pruned_at_ms: int = 0
+    unacked: dict[int, int] = field(default_factory=dict)
+    """floor run_at -> batches fired with that earliest run_at, not yet acknowledged."""
+    overdue_floor_ms: int | None = None
+    """The earliest run_at of what entered the wheel behind its frontier and has not fired."""
+    dead: list[tuple[int, bytes, bytes]] = field(default_factory=list)
+    """Unreadable rows to dead-letter: (run_at, packed key, dead letter)."""
+    next_sweep_ms: int = 0
+    sweeping: bool = False
 
     def __post_init__(self) -> None:
         if SLICE_MS % self.tick_ms:
             raise ValueError(f"tick_ms must divide {SLICE_MS}, got {self.tick_ms}")
+        self.persisted_ms = self.start_ms  # as recorded: an advance must pass it
+        self.start_ms = slice_floor(self.start_ms)
         self.wheel = TimingWheel(start_ms=self.start_ms + 1, tick_ms=self.tick_ms)
         self.flushed_through_ms = self.start_ms
-        self.persisted_ms = self.start_ms
         self.loaded_through_ms = self.start_ms
         self.verified_through_ms = self.start_ms
+        self.looked_through_ms = self.start_ms
+        for bucket in range(minute_bucket(self.start_ms - self.horizon_ms), self.start_ms + 1, BUCKET_MS):
+            self.baseline[bucket] = None if self.inherited is None else self.inherited.get(bucket)
+        # Shards spread their sweeps over the interval rather than all at once.
+        self.next_sweep_ms = self.start_ms + (self.shard * 613) % max(self.sweep_interval_ms, 1)
 
     @property
     def token(self) -> int:
@@ -167,28 +255,39 @@ class OwnedShard:
         """Buckets to read next: the current and the next one at once (whatever else is
         in flight), then, oldest first, the ones from the loaded frontier on, at most
         `max_loading_buckets` of those in flight, so a shard far behind catches up in order
-        while what is due now still fires."""
+        while what is due now still fires. A read that failed is asked for again after
+        `load_retry_at_ms`."""
         if now_ms < self.load_retry_at_ms:
             return []
         wanted: list[int] = []
+        asked = self.requested_buckets
+        failed = self.failed_buckets
+
+        def wants(bucket: int) -> bool:
+            return (bucket not in asked or bucket in failed) and bucket not in self.completed_buckets
+
         now_bucket = minute_bucket(max(now_ms, self.start_ms + 1))
         last = minute_bucket(max(now_ms, self.start_ms + 1) + lookahead_ms)
         for bucket in range(now_bucket, last + 1, BUCKET_MS):
-            if bucket not in self.requested_buckets and bucket + BUCKET_MS - 1 > self.loaded_through_ms:
+            if wants(bucket) and bucket + BUCKET_MS - 1 > self.loaded_through_ms:
                 wanted.append(bucket)
-        in_flight = len(self.requested_buckets - self.completed_buckets) + len(wanted)
+        in_flight = len(asked - self.completed_buckets - failed) + len(wanted)
         bucket = minute_bucket(self.loaded_through_ms + 1)
         while bucket < now_bucket and in_flight < self.max_loading_buckets:
-            if bucket not in self.requested_buckets:
+            if wants(bucket):
                 wanted.append(bucket)
                 in_flight += 1
             bucket += BUCKET_MS
         return wanted
 
+    def read_asked(self, bucket: int) -> None:
+        self.requested_buckets.add(bucket)
+        self.failed_buckets.discard(bucket)
+
     def slices_to_verify(self, now_ms: int, lead_ms: int) -> list[int]:
-        """Slices to re-count: not verified nor in flight, in a bucket already read, and
-        starting within `lead_ms` of now. Walks only the read stretch after the verified
-        frontier and the buckets read ahead of it, never the whole lag."""
+        """Slices to count before they fire: not verified nor in flight, in a bucket
+        already read, and starting within `lead_ms` of now. Walks only the read stretch
+        after the verified frontier and the buckets read ahead of it, never the whole lag."""
         slices: list[int] = []
         if now_ms < self.verify_retry_at_ms:
             return slices
@@ -207,16 +306,34 @@ class OwnedShard:
                 scan(max(slice_of(bucket), slice_of(self.start_ms + 1)), slice_of(bucket + BUCKET_MS) - 1)
         return slices
 
+    def slices_to_look(self, now_ms: int) -> list[int]:
+        """Slices due for their second look: fired, read, and ended (or read, if that
+        was later) at least `second_look_ms` ago; in order from the looked frontier."""
+        slices: list[int] = []
+        if now_ms < self.look_retry_at_ms:
+            return slices
+        k = slice_of(self.looked_through_ms + 1)
+        fired_through = self.wheel.fired_through_ms
+        while slice_end(k) <= fired_through and len(slices) < 200:
+            bucket = minute_bucket(k * SLICE_MS)
+            if slice_end(k) > self.loaded_through_ms and bucket not in self.completed_buckets:
+                break  # not read yet
+            if now_ms < max(slice_end(k), self.read_at_ms.get(bucket, 0)) + self.second_look_ms:
+                break
+            if k not in self.looked_slices and k not in self.looking:
+                slices.append(k)
+            k += 1
+        return slices
+
     def count_range(self, k: int) -> tuple[int, int]:
         """The store range `(after, through]` that slice `k` covers for this shard."""
-        return max(k * SLICE_MS - 1, self.start_ms), k * SLICE_MS + SLICE_MS - 1
+        return max(k * SLICE_MS - 1, self.start_ms), slice_end(k)
 
     def slice_keys(self, k: int) -> set[Key]:
-        """Every row of slice `k` the shard knows of: waiting in the wheel, read but not to
-        fire, or fired before the slice was verified. O(rows of the slice)."""
+        """Every row of slice `k` the shard knows of: handled, or waiting in the wheel.
+        O(rows of the slice)."""
         after, through = self.count_range(k)
-        keys: set[Key] = set(self.skipped.get(k, ()))
-        keys.update(self.fired_early.get(k, ()))
+        keys = self.seen.keys(k)
         wheel = self.wheel
         slot_start = (after + 1) - (after + 1) % self.tick_ms
         starts = [wheel.fired_through_ms] if slot_start <= wheel.fired_through_ms else []
@@ -228,32 +345,46 @@ class OwnedShard:
         return keys
 
     def ask_count(self, k: int) -> None:
+        """A verify count of slice `k` goes out now."""
         self.counting[k] = len(self.slice_keys(k))
+
+    def ask_look(self, k: int) -> None:
+        """A second look at slice `k` goes out now."""
+        self.looking[k] = len(self.slice_keys(k))
 
     # Results coming in.
 
     def add_rows(self, rows: Iterable[Row]) -> int:
         """Add rows read from the store; returns how many entered the wheel."""
         added = 0
-        wheel = self.wheel
         start = self.start_ms
         for row in rows:
             if row.run_at_ms <= start:
                 continue
             if row.message is not None:
-                wheel.add(row.run_at_ms, row.tag, row.message)
+                self._add(row.run_at_ms, row.tag, row.message)
                 added += 1
+            elif row.letter is not None:
+                self.dead.append((row.run_at_ms, pack(row.run_at_ms, row.id), row.letter))
             else:
-                self.skipped.setdefault(slice_of(row.run_at_ms), set()).add((row.run_at_ms, row.id))
+                self.seen.add(slice_of(row.run_at_ms), (row.run_at_ms, row.id))
         return added
+
+    def _add(self, run_at_ms: int, tag: int, message: bytes) -> None:
+        if run_at_ms <= self.wheel.fired_through_ms:  # fires at the next pass: hold the cursor below it
+            floor = self.overdue_floor_ms
+            self.overdue_floor_ms = run_at_ms if floor is None else min(floor, run_at_ms)
+        self.wheel.add(run_at_ms, tag, message)
 
     def bucket_loaded(self, bucket: int, read_started_ms: int) -> None:
         """The bucket's read is complete. Its slices that were already past when the read
-        began need no re-count: a task written into the past after that goes through the
-        hand-off (it is due), and the read itself is fresher than a count would be."""
+        began need no count before firing (they fire at once); their second look comes
+        `second_look_ms` after the read began."""
         self.completed_buckets.add(bucket)
+        self.failed_buckets.discard(bucket)
+        self.read_at_ms[bucket] = read_started_ms
         k = slice_of(bucket)
-        while k < slice_of(bucket + BUCKET_MS) and (k + 1) * SLICE_MS - 1 < read_started_ms:
+        while k < slice_of(bucket + BUCKET_MS) and slice_end(k) < read_started_ms:
             self._slice_verified(k)
             k += 1
         through = self.loaded_through_ms
@@ -273,12 +404,13 @@ class OwnedShard:
         return max(self.start_ms, bucket - 1, self.posted_through.get(bucket, bucket - 1))
 
     def bucket_failed(self, bucket: int, retry_at_ms: int) -> None:
-        """The read gave up: ask for it again, from where it stopped, after `retry_at_ms`."""
-        self.requested_buckets.discard(bucket)
+        """The read gave up: ask for it again, from where it stopped, after `retry_at_ms`.
+        Until then hand-offs for it are still taken (it stays asked for)."""
+        self.failed_buckets.add(bucket)
         self.load_retry_at_ms = retry_at_ms
 
     def slice_counted(self, k: int, stored: int) -> bool:
-        """Take the store's count of slice `k`; True if the slice must be read again."""
+        """Take the store's verify count of slice `k`; True if the slice must be read again."""
         seen = self.counting.get(k)
         if seen is None:
             return False
@@ -288,68 +420,200 @@ class OwnedShard:
         self._slice_verified(k)
         return False
 
-    def slice_failed(self, k: int, retry_at_ms: int) -> None:
-        self.counting.pop(k, None)
-        self.verify_retry_at_ms = retry_at_ms
+    def slice_looked(self, k: int, stored: int) -> bool:
+        """Take the store's second-look count of slice `k`; True if it must be read again."""
+        known = self.looking.get(k)
+        if known is None:
+            return False
+        if stored > known:
+            return True
+        del self.looking[k]
+        self._slice_looked(k)
+        return False
 
-    def slice_reread(self, k: int, rows: Iterable[Row]) -> int:
+    def slice_failed(self, k: int, retry_at_ms: int, *, look: bool = False) -> None:
+        if look:
+            self.looking.pop(k, None)
+            self.look_retry_at_ms = retry_at_ms
+        else:
+            self.counting.pop(k, None)
+            self.verify_retry_at_ms = retry_at_ms
+
+    def slice_reread(self, k: int, rows: Iterable[Row], *, look: bool = False) -> int:
         """Merge the rows of a re-read slice that the shard has not seen; returns how many
-        entered the wheel."""
+        entered the wheel (fired at the next pass if already due)."""
         keys = self.slice_keys(k)
         fresh = [row for row in rows if (row.run_at_ms, row.id) not in keys]
         added = self.add_rows(fresh)
-        self.counting.pop(k, None)
-        self._slice_verified(k)
+        if look:
+            self.looking.pop(k, None)
+            self._slice_looked(k)
+        else:
+            self.counting.pop(k, None)
+            self._slice_verified(k)
         return added
 
     def _slice_verified(self, k: int) -> None:
-        self.skipped.pop(k, None)
-        self.fired_early.pop(k, None)
         if k < slice_of(self.verified_through_ms + 1):
             return
         self.verified_slices.add(k)
         while slice_of(self.verified_through_ms + 1) in self.verified_slices:
             done = slice_of(self.verified_through_ms + 1)
             self.verified_slices.discard(done)
-            self.verified_through_ms = (done + 1) * SLICE_MS - 1
+            self.verified_through_ms = slice_end(done)
+
+    def _slice_looked(self, k: int) -> None:
+        if k < slice_of(self.looked_through_ms + 1):
+            return
+        self.looked_slices.add(k)
+        while slice_of(self.looked_through_ms + 1) in self.looked_slices:
+            done = slice_of(self.looked_through_ms + 1)
+            self.looked_slices.discard(done)
+            self.looked_through_ms = slice_end(done)
+        for bucket in [b for b in self.read_at_ms if b + BUCKET_MS - 1 <= self.looked_through_ms]:
+            del self.read_at_ms[bucket]
 
     def handed_task(self, task: Task) -> bool:
         """Take a handed-off task; True if it entered the wheel. Ignored when its bucket
         has not been asked for yet (that read will find it); fired at once if overdue.
-        A copy of a row already read is dropped when its slot fires."""
+        A copy of a row already read is dropped when its slot fires, or, if it comes after
+        the row fired, when it would fire (see `fire`)."""
         if task.run_at_ms > self.start_ms and minute_bucket(task.run_at_ms) not in self.requested_buckets \
                 and task.run_at_ms > self.loaded_through_ms:
             return False
-        self.wheel.add(task.run_at_ms, tag_for(task, self.long_types), encode_message(task, self.token))
+        self._add(task.run_at_ms, tag_for(task, self.long_types), encode_message(task, self.token))
         return True
 
     def handed_cancel(self, task_id: bytes, run_at_ms: int) -> None:
         self.cancelled[task_id] = run_at_ms
+
+    # The sweep behind the cursor.
+
+    def expected(self, bucket: int, through_ms: int) -> int | None:
+        """How many rows of `bucket` at or before `through_ms` the shard has handled (or
+        its previous owners did, before `start_ms`); None if unknown."""
+        base = 0
+        if bucket <= self.start_ms:
+            known = self.baseline.get(bucket)
+            if known is None:
+                return None
+            base = known
+        first = max(slice_of(bucket), slice_of(self.start_ms) + 1)
+        last = slice_of(min(through_ms, bucket + BUCKET_MS - 1))
+        return base + sum(self.seen.count(k) for k in range(first, last + 1))
+
+    def sweep_due(self, now_ms: int) -> tuple[int, list[int]] | None:
+        """If a sweep is due: the cursor it counts through (the persisted one) and the
+        buckets of the horizon behind it. The caller counts them and hands the counts to
+        `swept`."""
+        if self.sweeping or now_ms < self.next_sweep_ms:
+            return None
+        self.next_sweep_ms = now_ms + self.sweep_interval_ms
+        through = self.persisted_ms
+        first, last = minute_bucket(now_ms - self.horizon_ms), minute_bucket(through)
+        if last < first:
+            return None
+        self.sweeping = True
+        return through, list(range(first, last + 1, BUCKET_MS))
+
+    def swept(self, through_ms: int, buckets: Iterable[int], counts: dict[int, int]) -> list[int]:
+        """Take a sweep's counts; returns the buckets to read again (through `through_ms`)."""
+        self.sweeping = False
+        again = []
+        for bucket in buckets:
+            stored = counts.get(bucket, 0)
+            expected = self.expected(bucket, through_ms)
+            if expected is None and stored == 0:
+                self.baseline[bucket] = 0
+            elif expected != stored:
+                again.append(bucket)
+        return again
+
+    def sweep_failed(self, retry_at_ms: int) -> None:
+        self.sweeping = False
+        self.next_sweep_ms = min(self.next_sweep_ms, retry_at_ms)
+
+    def bucket_reread(self, bucket: int, rows: Iterable[Row]) -> int:
+        """Merge a bucket read again after its sweep count differed: what was not handled
+        yet and should fire enters the wheel (behind its frontier: it fires at once);
+        returns how many. Rows at or before `start_ms` that this owner did not handle
+        itself may have been fired by a previous owner: they are fired again unless a
+        worker has reported on them (the record of what that owner fired is not here)."""
+        added = inherited = 0
+        seen = self.seen
+        for row in rows:
+            if row.run_at_ms <= self.start_ms:
+                inherited += 1
+            k = slice_of(row.run_at_ms)
+            packed = pack(row.run_at_ms, row.id)
+            if (k, packed) in seen:
+                continue
+            if row.letter is not None:
+                self.dead.append((row.run_at_ms, packed, row.letter))
+                continue
+            if row.message is None:
+                if row.run_at_ms > self.start_ms:
+                    seen.add_packed(k, packed)
+                continue
+            self._add(row.run_at_ms, row.tag, row.message)
+            added += 1
+        if bucket <= self.start_ms:
+            self.baseline[bucket] = inherited
+        return added
+
+    def baselines(self, now_ms: int, through_ms: int) -> dict[int, int]:
+        """For the cursor `through_ms` about to be written: each bucket of the horizon
+        behind it -> how many of its rows at or before it were handled (what a next owner
+        compares its sweep with). Unknown buckets are left out."""
+        counts = {}
+        for bucket in range(minute_bucket(now_ms - self.horizon_ms), minute_bucket(through_ms) + 1, BUCKET_MS):
+            expected = self.expected(bucket, through_ms)
+            if expected is not None:
+                counts[bucket] = expected
+        return counts
+
+    def forget(self, now_ms: int) -> None:
+        """Drop what is older than the horizon: the sweep no longer looks there."""
+        oldest = minute_bucket(now_ms - self.horizon_ms)
+        self.seen.forget_before(slice_of(oldest))
+        for bucket in [b for b in self.baseline if b < oldest]:
+            del self.baseline[bucket]
 
     # Firing.
 
     def fire(self, now_ms: int, *, gated: bool = False) -> FireBatch:
         """Take what is due from the wheel, never past a slice still being verified
         (within its grace); drop second copies and what was cancelled. With `gated`, the
-        entries are returned whole in `gated`, for the release gate, not by tag."""
+        entries are returned whole in `gated`, for the release gate, not by tag. Every
+        entry taken is recorded as handled; one that entered the wheel behind its
+        frontier is first looked up in that record, and dropped if its row was handled."""
+        frontier = self.wheel.fired_through_ms
         entries = self.wheel.poll(self.fire_limit(now_ms))
+        self.overdue_floor_ms = None
         by_tag: dict[int, list[bytes]] = {}
         skipped = duplicates = 0
         cancelled = self.cancelled
-        verified_through = self.verified_through_ms
-        seen: set[Key] = set()
+        record = self.seen
+        polled: set[bytes] = set()
         kept: list[Entry] | None = [] if gated else None
+        floor: int | None = None
         for run_at, tag, item in entries:
-            key = (run_at, item[MESSAGE_ID_SLICE])
-            if key in seen:
+            task_id = item[MESSAGE_ID_SLICE]
+            packed = run_at.to_bytes(8, "big") + task_id
+            if packed in polled:
                 duplicates += 1
                 continue
-            seen.add(key)
-            if run_at > verified_through and run_at > self.start_ms and slice_of(run_at) not in self.verified_slices:
-                self.fired_early.setdefault(slice_of(run_at), set()).add(key)
-            if cancelled and key[1] in cancelled:
+            polled.add(packed)
+            k = run_at // SLICE_MS
+            if run_at <= frontier and (k, packed) in record:
+                duplicates += 1
+                continue
+            record.add_packed(k, packed)
+            if cancelled and task_id in cancelled:
                 skipped += 1
                 continue
+            if floor is None or run_at < floor:
+                floor = run_at
             if kept is not None:
                 kept.append((run_at, tag, item))
                 continue
@@ -357,8 +621,21 @@ class OwnedShard:
             if values is None:
                 values = by_tag[tag] = []
             values.append(item)
+        letters: list[bytes] = []
+        for run_at, packed, letter in self.dead:
+            k = run_at // SLICE_MS
+            if packed in polled or (k, packed) in record:
+                continue
+            polled.add(packed)
+            record.add_packed(k, packed)
+            letters.append(letter)
+            floor = run_at if floor is None else min(floor, run_at)
+        self.dead = []
+        if floor is not None:
+            self.unacked[floor] = self.unacked.get(floor, 0) + 1
         count = len(entries) - skipped - duplicates
-        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates, kept)
+        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates, kept, floor_ms=floor,
+                         dead_letters=letters)
 
     def fire_limit(self, now_ms: int) -> int:
         """How far the wheel may fire at `now_ms`: up to the first slice that is neither
@@ -366,7 +643,7 @@ class OwnedShard:
         # Slices that ended more than the grace ago may fire whatever their state: start after them.
         k = max(slice_of(self.verified_through_ms + 1), slice_of(now_ms - self.verify_grace_ms) - 1)
         while k * SLICE_MS <= now_ms:
-            if k not in self.verified_slices and now_ms <= (k + 1) * SLICE_MS - 1 + self.verify_grace_ms:
+            if k not in self.verified_slices and now_ms <= slice_end(k) + self.verify_grace_ms:
                 return max(k * SLICE_MS - 1, self.wheel.fired_through_ms)
             k += 1
         return now_ms
@@ -374,14 +651,34 @@ class OwnedShard:
     def flushed(self, batch: FireBatch) -> None:
         """The queue acknowledged `batch`: move the flushed frontier and forget what is old."""
         self.flushed_through_ms = max(self.flushed_through_ms, batch.fired_through_ms)
+        floor = batch.floor_ms
+        if floor is not None:
+            left = self.unacked.get(floor, 0) - 1
+            if left > 0:
+                self.unacked[floor] = left
+            else:
+                self.unacked.pop(floor, None)
+            batch.floor_ms = None  # settled once, whoever calls again
         if len(self.cancelled) > 1000 and self.flushed_through_ms - self.cancels_pruned_at_ms > BUCKET_MS:
             self.cancels_pruned_at_ms = self.flushed_through_ms
             horizon = self.flushed_through_ms - CANCEL_MEMORY_MS
             self.cancelled = {key: at for key, at in self.cancelled.items() if at > horizon}
 
+    def unsettled_floor(self) -> int | None:
+        """The earliest run_at of what was fired and not acknowledged, or waits to fire
+        behind the wheel's frontier, or waits to be dead-lettered; None if nothing does."""
+        floors = [floor for floor in (min(self.unacked, default=None), self.overdue_floor_ms) if floor is not None]
+        floors += [run_at for run_at, _, _ in self.dead]
+        return min(floors, default=None)
+
     def cursor_candidate(self) -> int:
-        """How far the store's cursor may move now."""
-        return min(self.flushed_through_ms, self.loaded_through_ms, self.verified_through_ms)
+        """How far the store's cursor may move now (see the module docstring)."""
+        through = min(self.looked_through_ms, self.flushed_through_ms, self.loaded_through_ms,
+                      self.verified_through_ms)
+        floor = self.unsettled_floor()
+        if floor is not None:
+            through = min(through, floor - 1)
+        return slice_floor(through)
 
 
 def topic_tags(topics: dict[str, str]) -> dict[int, str]:

@@ -42,6 +42,13 @@ def verify_all(state: OwnedShard, through_ms: int) -> None:
         k += 1
 
 
+def look_all(state: OwnedShard, now_ms: int) -> None:
+    """Every second look due at `now_ms`, answered with what the shard knows (no late rows)."""
+    for k in state.slices_to_look(now_ms):
+        state.ask_look(k)
+        assert not state.slice_looked(k, len(state.slice_keys(k)))
+
+
 def fired_ids(state: OwnedShard, now_ms: int) -> list[bytes]:
     batch = state.fire(now_ms)
     state.flushed(batch)
@@ -122,17 +129,22 @@ def test_an_unverified_slice_fires_anyway_past_its_grace_but_the_cursor_waits() 
 
     assert fired_ids(state, T0 + 3_000) == []  # within grace: wait for the count
     assert fired_ids(state, T0 + 4_000) == [task.id.bytes]  # past grace: on time matters more
+    look_all(state, T0 + 4_000)
+    assert state.looked_through_ms == T0 + 2_999
     assert state.cursor_candidate() == T0 + 1_999  # but the cursor does not pass the unverified slice
 
 
-def test_the_cursor_is_the_least_of_flushed_loaded_and_verified() -> None:
+def test_the_cursor_is_the_least_of_flushed_loaded_verified_and_looked() -> None:
     state = owned(start_ms=T0 - 1)
     assert state.cursor_candidate() == T0 - 1
     load(state, tasks_at(10), read_started_ms=T0 + 5_000)  # read late: its past slices count as verified
     assert state.loaded_through_ms == T0 + BUCKET_MS - 1
     assert state.verified_through_ms == T0 + 4_999
     assert state.cursor_candidate() == T0 - 1  # nothing flushed yet
-    fired_ids(state, T0 + 7_000)
+    fired_ids(state, T0 + 5_900)
+    assert state.slices_to_look(T0 + 5_900) == []  # a second look comes a second after the read began
+    assert state.cursor_candidate() == T0 - 1
+    look_all(state, T0 + 6_000)
     assert state.cursor_candidate() == T0 + 4_999
 
 
@@ -169,11 +181,17 @@ def test_long_task_types_go_to_the_long_tag_and_others_by_priority() -> None:
 
 
 def test_rows_at_or_before_the_start_cursor_are_ignored() -> None:
-    state = owned(start_ms=T0 + 500)
+    state = owned(start_ms=T0 + 999)
     state.requested_buckets.add(T0)
-    old, new = tasks_at(500, 501)
+    old, new = tasks_at(999, 1_000)
     rows = [Row(t.run_at_ms, t.id.bytes, 1, b"m") for t in (old, new)]
     assert state.add_rows(rows) == 1
+
+
+def test_a_cursor_between_slice_boundaries_starts_at_the_slice_before_but_is_only_advanced_past() -> None:
+    state = owned(start_ms=T0 + 500)
+    assert state.start_ms == T0 - 1  # the slice 09:00:00 is handled again: counts are per slice
+    assert state.persisted_ms == T0 + 500  # but the store's cursor only moves forward from where it is
 
 
 def test_a_count_is_compared_with_what_was_seen_when_it_was_asked_for() -> None:
@@ -215,6 +233,7 @@ def test_a_slice_fired_before_its_count_is_not_fired_again_by_the_re_read() -> N
     rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (present, missed)], TOKEN, state.long_types)
     assert state.slice_reread(k, rows) == 1
     assert fired_ids(state, T0 + 4_100) == [missed.id.bytes]
+    look_all(state, T0 + 4_100)
     assert state.cursor_candidate() == T0 + 2_999  # slice 3 s is not counted yet
 
 
@@ -247,7 +266,20 @@ def test_a_read_that_failed_part_way_resumes_after_what_reached_the_wheel() -> N
     assert state.resume_after(T0) == first.run_at_ms
 
 
-def test_a_slice_that_never_verifies_keeps_no_memory_of_later_verified_ones() -> None:
+def test_what_was_handled_is_remembered_for_the_horizon_and_then_forgotten() -> None:
+    state = owned(start_ms=T0 - 1)
+    tasks = tasks_at(*range(500, 20_000, 500))
+    load(state, tasks)
+    verify_all(state, T0 + 19_999)
+    fired_ids(state, T0 + 19_999)
+    assert len(state.seen) == len(tasks) and state.seen.nbytes == 24 * len(tasks)
+    state.forget(T0 + state.horizon_ms)
+    assert len(state.seen) == len(tasks)  # still within the horizon
+    state.forget(T0 + BUCKET_MS + state.horizon_ms)
+    assert len(state.seen) == 0
+
+
+def test_a_slice_that_never_verifies_holds_the_cursor_however_many_later_ones_do() -> None:
     state = owned(start_ms=T0 - 1)
     tasks = tasks_at(*range(500, 20_000, 500))
     load(state, tasks)
@@ -257,7 +289,150 @@ def test_a_slice_that_never_verifies_keeps_no_memory_of_later_verified_ones() ->
         state.ask_count(k)
         assert not state.slice_counted(k, len(state.slice_keys(k)))
     fired_ids(state, T0 + 19_500)
-    assert set(state.fired_early) <= {stuck}
+    look_all(state, T0 + 21_000)
+    assert not state.verified_slices & set(range(stuck + 18, stuck + 100))
     assert state.cursor_candidate() == T0 + 1_999
 
 
+
+
+# Behind the cursor: the second look, the sweep, the record of what was handled.
+
+
+def test_a_row_written_after_its_slice_fired_is_found_by_the_second_look_and_fires_late_never_early() -> None:
+    state = owned(start_ms=T0 - 1)
+    on_time, late = tasks_at(1_200, 1_300)
+    load(state, [on_time])
+    verify_all(state, T0 + 1_999)
+    assert fired_ids(state, T0 + 1_999) == [on_time.id.bytes]
+    k = (T0 + 1_000) // SLICE_MS
+    assert state.slices_to_look(T0 + 2_998) == [k - 1]  # a second after the slice ended, not before
+    assert state.slices_to_look(T0 + 2_999) == [k - 1, k]
+    state.ask_look(k - 1)
+    assert not state.slice_looked(k - 1, 0)
+    state.ask_look(k)
+    assert state.slice_looked(k, 2)  # `late` was written after the verify count: the store has one more
+    rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (on_time, late)], TOKEN, state.long_types)
+    assert state.slice_reread(k, rows, look=True) == 1
+    assert state.cursor_candidate() < late.run_at_ms  # behind the wheel's frontier, not yet fired: holds the cursor
+    assert fired_ids(state, T0 + 3_000) == [late.id.bytes]
+    assert state.looked_through_ms == T0 + 1_999
+
+
+def test_a_late_copy_of_a_row_already_fired_is_not_published_again() -> None:
+    state = owned(start_ms=T0 - 1)
+    [task] = tasks_at(1_500)
+    load(state, [task])
+    verify_all(state, T0 + 1_999)
+    assert fired_ids(state, T0 + 2_000) == [task.id.bytes]
+    assert state.handed_task(task)  # a hand-off replayed after a take-over, or a slow one
+    batch = state.fire(T0 + 2_100)
+    assert batch.by_tag == {} and batch.duplicates == 1
+    state.flushed(batch)
+
+
+def test_the_cursor_never_passes_a_batch_the_queue_has_not_acknowledged() -> None:
+    state = owned(start_ms=T0 - 1)
+    load(state, [], read_started_ms=T0 - 60_000)
+    verify_all(state, T0 + 9_999)
+    assert fired_ids(state, T0 + 5_000) == []
+    look_all(state, T0 + 7_000)
+    assert state.cursor_candidate() == T0 + 4_999
+    [late] = tasks_at(2_500)  # a late load, a hand-off into the past: behind every frontier
+    state.handed_task(late)
+    assert state.cursor_candidate() == T0 + 1_999  # in the wheel, not fired: the cursor stays below it
+    batch = state.fire(T0 + 7_000)  # fired, and the queue fails to acknowledge it
+    assert batch.floor_ms == late.run_at_ms
+    fired_ids(state, T0 + 7_100)
+    look_all(state, T0 + 9_000)
+    assert state.cursor_candidate() == T0 + 1_999  # later batches acknowledged; this one is not
+    state.flushed(batch)
+    assert state.cursor_candidate() == T0 + 6_999
+
+
+def test_a_sweep_finds_a_row_written_into_the_past_and_fires_only_it() -> None:
+    state = owned(start_ms=T0 - 1)
+    state.horizon_ms = 5 * BUCKET_MS
+    first, second = tasks_at(10_000, 20_000)
+    load(state, [first, second])
+    verify_all(state, T0 + 59_999)
+    assert len(fired_ids(state, T0 + 59_999)) == 2
+    state.persisted_ms = T0 + 59_999
+    state.next_sweep_ms = 0
+    sweep = state.sweep_due(T0 + 70_000)
+    assert sweep == (T0 + 59_999, [T0 - 4 * BUCKET_MS, T0 - 3 * BUCKET_MS, T0 - 2 * BUCKET_MS, T0 - BUCKET_MS, T0])
+    assert state.sweep_due(T0 + 70_001) is None  # one at a time
+    through, buckets = sweep
+    assert state.swept(through, buckets, {T0: 2}) == []  # nothing new: no read
+    [written_late] = tasks_at(15_000)  # e.g. a keyed task due 09:00:15 submitted at 09:01:10, no hand-off
+    state.next_sweep_ms = 0
+    through, buckets = state.sweep_due(T0 + 80_000) or (0, [])
+    assert state.swept(through, buckets, {T0: 3}) == [T0]
+    rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (first, written_late, second)], TOKEN,
+                     state.long_types)
+    assert state.bucket_reread(T0, rows) == 1
+    assert fired_ids(state, T0 + 80_000) == [written_late.id.bytes]
+    assert state.expected(T0, through) == 3
+
+
+def test_a_new_owner_sweeps_against_the_counts_written_with_the_cursor() -> None:
+    old = owned(start_ms=T0 - 1)
+    done, queued = tasks_at(10_000, 20_000)
+    load(old, [done, queued])
+    verify_all(old, T0 + 59_999)
+    fired_ids(old, T0 + 59_999)
+    baselines = old.baselines(T0 + 60_000, T0 + 59_999)
+    assert baselines[T0] == 2 and T0 - BUCKET_MS not in baselines  # before its start, unknown: not claimed
+
+    new = owned(start_ms=T0 + 59_999)
+    new.inherited = baselines
+    new.__post_init__()
+    assert new.expected(T0, T0 + 59_999) == 2
+    [late] = tasks_at(30_000)  # written after the old owner's last look, before the new owner's first
+    new.next_sweep_ms = 0
+    through, buckets = new.sweep_due(T0 + 70_000) or (0, [])
+    assert new.swept(through, buckets, {T0: 3}) == [T0]
+    stored = [StoredTask(done, TaskStatus.DONE, 1), StoredTask(late, TaskStatus.SCHEDULED),
+              StoredTask(queued, TaskStatus.SCHEDULED)]
+    # The new owner cannot tell `queued` (fired by the old owner, no report yet) from `late`: both fire.
+    assert new.bucket_reread(T0, rows_from(stored, TOKEN, new.long_types)) == 2
+    assert sorted(fired_ids(new, T0 + 70_000)) == sorted([late.id.bytes, queued.id.bytes])
+    assert new.swept(through, buckets, {T0: 3}) == []  # and once read, the bucket matches again
+
+
+def test_a_bucket_behind_a_cursor_without_counts_is_read_if_it_holds_any_row() -> None:
+    state = owned(start_ms=T0 + 59_999)  # inherited None: written by a version without baselines
+    state.next_sweep_ms = 0
+    through, buckets = state.sweep_due(T0 + 70_000) or (0, [])
+    assert state.swept(through, buckets, {T0: 1}) == [T0]
+    assert state.expected(T0 - BUCKET_MS, through) == 0  # an empty one is known from now on
+
+
+def test_an_unreadable_row_is_dead_lettered_once_counts_as_handled_and_the_shard_goes_on() -> None:
+    state = owned(start_ms=T0 - 1)
+    good = tasks_at(*range(100, 2_000, 100))
+    [bad] = tasks_at(1_050)
+    state.requested_buckets.add(T0)
+    rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in good], TOKEN, state.long_types)
+    rows.append(Row(bad.run_at_ms, bad.id.bytes, 0, None, letter=b"letter"))
+    state.add_rows(rows)
+    state.bucket_loaded(T0, T0 - 60_000)
+    assert state.cursor_candidate() < bad.run_at_ms  # not dead-lettered yet: holds the cursor
+    verify_all(state, T0 + 1_999)
+    batch = state.fire(T0 + 2_000)
+    assert batch.dead_letters == [b"letter"] and batch.count == len(good)
+    state.flushed(batch)
+    assert len(state.slice_keys((T0 + 1_000) // SLICE_MS)) == 11  # 10 good and the bad one
+    state.add_rows([Row(bad.run_at_ms, bad.id.bytes, 0, None, letter=b"letter")])  # read again (a re-read)
+    assert state.fire(T0 + 2_100).dead_letters == []
+    look_all(state, T0 + 4_000)
+    assert state.cursor_candidate() == T0 + 1_999
+
+
+def test_a_hand_off_for_a_bucket_whose_read_failed_is_kept() -> None:
+    state = owned(start_ms=T0 - 1)
+    [task] = tasks_at(BUCKET_MS + 5_000)
+    state.read_asked(T0 + BUCKET_MS)
+    state.bucket_failed(T0 + BUCKET_MS, retry_at_ms=T0 + 2_000)
+    assert state.handed_task(task)  # before: dropped while the read waited to be asked again
+    assert T0 + BUCKET_MS in state.buckets_to_load(T0 + 2_000, BUCKET_MS)
