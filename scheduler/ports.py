@@ -119,6 +119,36 @@ class ShardState:
     owner: str | None
     lease_token: int | None
     fired_through_ms: int | None
+    baselines: Mapping[int, int] | None = None
+    """Written with the cursor: for each bucket of the owner's look-back horizon, how many
+    of its rows at or before the cursor the owner had handled (None if never written).
+    A new owner compares its sweep's counts with these."""
+
+
+@dataclass(frozen=True, slots=True)
+class BadRow:
+    """A stored row that is not a valid task (written by hand or by another tool, or
+    damaged): where it is, what it holds, and why it cannot be read. Its key always
+    reads (`run_at` and id are the clustering key)."""
+
+    partition: Partition
+    run_at_ms: int
+    task_id: bytes
+    """The 16 bytes of the row's id."""
+    fields: Mapping[str, object]
+    """The row's columns as read, as plain values (str, int, bytes, None)."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelMarks:
+    """Per shard, what workers need to honour cancels without reading every task's row:
+    `at`, the latest time a task of the shard that may be in flight was cancelled (the
+    canceller's clock, ms), and `counts`, how many such cancels there have been (a value
+    that changes with every one, whatever the clocks). See `scheduler.cancels`."""
+
+    at: Mapping[int, int]
+    counts: Mapping[int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +201,13 @@ class TaskStore(Protocol):
         after_ms: int | None = None,
         through_ms: int | None = None,
         page_size: int = 5000,
+        on_bad_row: Callable[[BadRow], None] | None = None,
     ) -> Iterator[StoredTask]:
         """Tasks of one partition in `(run_at, id)` order, fetched `page_size` at a time,
         optionally only those with `after_ms < run_at <= through_ms`, the same half-open
         interval as the shard cursor `fired_through`. Cancelled tasks are included: the
-        reader decides what to skip."""
+        reader decides what to skip. A row that is not a valid task raises `InvalidTask`,
+        or, with `on_bad_row`, is passed to it (in its place in the order) and skipped."""
         ...
 
     def count_partition(self, partition: Partition, *, after_ms: int, through_ms: int) -> int:
@@ -183,6 +215,12 @@ class TaskStore(Protocol):
         ones included. The dispatcher's cheap re-read of a slice just ahead of its cursor:
         it compares this with the rows it already knows of and reads the slice only when
         the store has more."""
+        ...
+
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+        """For each of `buckets` (minute buckets of `shard`), how many rows it holds with
+        `run_at <= through_ms`, cancelled ones included; buckets with none are left out.
+        One request for all: the dispatcher's sweep of its look-back horizon."""
         ...
 
     def get(self, task_id: TaskId) -> StoredTask | None:
@@ -201,7 +239,18 @@ class TaskStore(Protocol):
         it; for any other tenant the answer is `NOT_FOUND` and nothing changes. If the
         task finishes while it is being cancelled, the answer is `FINISHED` and the
         finished status stays. A cancel does not interrupt an attempt that is running;
-        it keeps any further attempt from starting."""
+        it keeps any further attempt from starting.
+
+        When the task may already be loaded by a dispatcher or queued for a worker (its
+        `run_at` within `cancels.REACH_MS` of now, or past), the cancel then raises its
+        shard's cancel mark (`read_cancel_marks`), after the status is written, so a worker
+        that sees the mark reads the status. The caller that needs "no attempt starts after
+        this returned" waits `cancels.SETTLE_MS` after it (`Client.cancel` does)."""
+        ...
+
+    def read_cancel_marks(self) -> CancelMarks:
+        """Every shard's cancel mark (shards never marked are left out). One small read:
+        workers ask it several times a second."""
         ...
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
@@ -230,9 +279,11 @@ class TaskStore(Protocol):
         """The shard's recorded holder and cursor (all None when never taken)."""
         ...
 
-    def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
-        """Set the shard's cursor if `token` is the recorded one. The cursor never moves
-        backwards: an advance to a time before the recorded cursor is refused."""
+    def advance_shard(self, shard: int, token: int, fired_through_ms: int,
+                      baselines: Mapping[int, int] | None = None) -> bool:
+        """Set the shard's cursor, and its `baselines` (replacing the ones recorded), if
+        `token` is the recorded one. The cursor never moves backwards: an advance to a
+        time before the recorded cursor is refused."""
         ...
 
     def write_fenced(self, partition: Partition, token: int, tasks: Sequence[Task]) -> bool:
@@ -447,6 +498,9 @@ class HandoffRecord:
     shard: int
     offset: int
     value: bytes
+    timestamp_ms: int | None = None
+    """When the writer appended it, by the writer's clock (Kafka: the record's CreateTime):
+    how the dispatcher measures the writers' clocks against its own."""
 
 
 class HandoffLog(Protocol):

@@ -8,7 +8,9 @@ has everything the worker had, plus why it was parked:
      source_topic, dead_at_ms]
 
 `reason` is one of `REASONS`; `error` is the last error's text. A message that could
-not be decoded has no task id, tenant or type; its raw bytes are kept.
+not be decoded has no task id, tenant or type; its raw bytes are kept. A dispatcher
+parks a stored row it cannot read the same way (`for_bad_row`): the message is then the
+row's columns as a msgpack map, the source `store:<bucket>/<shard>`.
 
 `scheduler dlq replay` appends a marker for each letter it re-submits,
 
@@ -25,9 +27,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from scheduler.errors import InvalidMessage
+from scheduler.errors import InvalidMessage, InvalidTask
 from scheduler.model import TaskId
-from scheduler.ports import Delivery
+from scheduler.ports import BadRow, Delivery
 
 VERSION = 1
 
@@ -35,7 +37,8 @@ PERMANENT = "permanent error"
 EXHAUSTED = "attempts exhausted"
 UNDECODABLE = "undecodable message"
 UNKNOWN_TYPE = "no handler for the task type"
-REASONS = (PERMANENT, EXHAUSTED, UNDECODABLE, UNKNOWN_TYPE)
+UNREADABLE_ROW = "unreadable stored row"
+REASONS = (PERMANENT, EXHAUSTED, UNDECODABLE, UNKNOWN_TYPE, UNREADABLE_ROW)
 
 MAX_ERROR_CHARS = 2000
 MAX_MESSAGE_BYTES = 256 * 1024
@@ -85,6 +88,21 @@ def encode_dead_letter(letter: DeadLetter) -> bytes:
         use_bin_type=True,
     )
     return data
+
+
+def for_bad_row(bad: BadRow, dead_at_ms: int) -> bytes:
+    """The dead letter of a stored row that is not a valid task: its columns as read."""
+    try:
+        task_id: TaskId | None = TaskId.from_bytes(bad.task_id)
+    except InvalidTask:
+        task_id = None
+    tenant, type_, attempt = bad.fields.get("tenant"), bad.fields.get("type"), bad.fields.get("attempt")
+    raw: bytes = msgpack.packb(dict(bad.fields), use_bin_type=True, default=repr)
+    return encode_dead_letter(DeadLetter(
+        raw, task_id, tenant if isinstance(tenant, str) else None, type_ if isinstance(type_, str) else None,
+        attempt if isinstance(attempt, int) else 0, UNREADABLE_ROW, bad.reason,
+        f"store:{bad.partition.minute_bucket}/{bad.partition.shard}", dead_at_ms,
+    ))
 
 
 def encode_replayed(marker: Replayed) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections import Counter
 from contextlib import closing
 from dataclasses import replace
@@ -12,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
+from scheduler.errors import InvalidTask
 from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload
-from scheduler.ports import CancelOutcome, StatusReport, TaskStatus, TaskStore
+from scheduler.ports import BadRow, CancelOutcome, StatusReport, TaskStatus, TaskStore
 from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
@@ -481,3 +483,89 @@ def test_an_embedded_store_made_before_costs_existed_gains_the_column_and_reads_
         assert store.get(costly.id).task.cost == 500  # type: ignore[union-attr]
     with closing(SqliteTaskStore(path)) as again:  # opening it again changes nothing
         assert [again.get(t.id).task.cost for t in (task, costly)] == [1, 500]  # type: ignore[union-attr]
+
+
+# The dispatcher's safety net and definite cancels.
+
+
+def write_unreadable_row(store: TaskStore, task: Task, priority: int = 9) -> None:
+    """A row no `Task` can be made of (priority code 9), written around the store, as another
+    tool or a hand-written CQL INSERT could."""
+    bucket, shard = task.minute_bucket, task.id.shard(store.shard_count)
+    if isinstance(store, SqliteTaskStore):
+        with closing(sqlite3.connect(store.path)) as db, db:
+            db.execute("INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, "
+                       "attempt, max_attempts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, 5)",
+                       (bucket, shard, task.run_at_ms, task.id.bytes, task.tenant, task.type, priority, task.payload))
+        return
+    from scheduler.adapters.cassandra.store import CassandraTaskStore
+    from scheduler.model import from_ms
+
+    assert isinstance(store, CassandraTaskStore)
+    store.connection.session.execute(
+        f"INSERT INTO {store.keyspace}.tasks_by_bucket (minute_bucket, shard, run_at, task_id, tenant, type, "
+        "priority, payload, attempt, max_attempts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 1, 5)",
+        (from_ms(bucket), shard, from_ms(task.run_at_ms), task.id.uuid, task.tenant, task.type, priority,
+         task.payload))
+
+
+def test_a_row_that_is_not_a_task_is_reported_in_its_place_and_the_others_are_read(store: TaskStore) -> None:
+    good = in_partition(store.shard_count, NINE_OCLOCK_MS, 4, 5)
+    assert store.insert(good[:2] + good[3:]) == []
+    write_unreadable_row(store, good[2])
+    partition = Partition(NINE_OCLOCK_MS, 4)
+    with pytest.raises(InvalidTask, match="priority"):
+        list(store.read_partition(partition))
+    bad: list[BadRow] = []
+    read = [stored.task for stored in store.read_partition(partition, on_bad_row=bad.append, page_size=2)]
+    assert read == good[:2] + good[3:]
+    [row] = bad
+    assert (row.partition, row.run_at_ms, row.task_id) == (partition, good[2].run_at_ms, good[2].id.bytes)
+    assert row.fields["priority"] == 9 and row.fields["tenant"] == "board" and "priority" in row.reason
+    assert store.count_partition(partition, after_ms=NINE_OCLOCK_MS - 1, through_ms=NINE_OCLOCK_MS + BUCKET_MS) == 5
+
+
+def test_buckets_are_counted_through_a_cursor_in_one_request(store: TaskStore) -> None:
+    buckets = [NINE_OCLOCK_MS + n * BUCKET_MS for n in range(4)]
+    first = in_partition(store.shard_count, buckets[0], 2, 3)
+    third = in_partition(store.shard_count, buckets[2], 2, 4)
+    elsewhere = in_partition(store.shard_count, buckets[0], 3, 2)
+    assert store.insert(first + third + elsewhere) == []
+    assert store.cancel(first[0].id, "board") is CancelOutcome.CANCELLED  # cancelled rows count: they are rows
+    assert store.count_buckets(2, buckets, buckets[3]) == {buckets[0]: 3, buckets[2]: 4}
+    through = sorted(task.run_at_ms for task in third)[1]
+    assert store.count_buckets(2, buckets, through) == {buckets[0]: 3, buckets[2]: 2}
+    assert store.count_buckets(2, [], through) == {}
+
+
+def test_baselines_are_written_with_the_cursor_and_kept_when_none_are_given(store: TaskStore) -> None:
+    assert store.take_shard(5, "a", 10)
+    assert store.read_shard(5).baselines is None
+    assert store.advance_shard(5, 10, NINE_OCLOCK_MS, {NINE_OCLOCK_MS - BUCKET_MS: 7, NINE_OCLOCK_MS: 0})
+    assert store.read_shard(5).baselines == {NINE_OCLOCK_MS - BUCKET_MS: 7, NINE_OCLOCK_MS: 0}
+    assert store.advance_shard(5, 10, NINE_OCLOCK_MS + 1000)
+    assert store.read_shard(5).baselines == {NINE_OCLOCK_MS - BUCKET_MS: 7, NINE_OCLOCK_MS: 0}
+    assert store.advance_shard(5, 10, NINE_OCLOCK_MS + 2000, {NINE_OCLOCK_MS: 3})
+    assert store.take_shard(5, "b", 11)
+    assert not store.advance_shard(5, 10, NINE_OCLOCK_MS + 3000, {NINE_OCLOCK_MS: 99})  # the old owner: refused
+    state = store.read_shard(5)
+    assert (state.fired_through_ms, state.baselines) == (NINE_OCLOCK_MS + 2000, {NINE_OCLOCK_MS: 3})
+
+
+def test_a_cancel_of_a_task_that_may_be_in_flight_raises_its_shards_mark(store: TaskStore) -> None:
+    now = int(time.time() * 1000)
+    soon, later, far = make_task(now + 5_000), make_task(now - 30_000, key="past"), make_task(now + 3_600_000)
+    assert store.insert([soon, later, far]) == []
+    before = store.read_cancel_marks()
+    assert store.cancel(far.id, "board") is CancelOutcome.CANCELLED  # in no wheel yet: no mark
+    assert store.read_cancel_marks() == before
+    assert store.cancel(soon.id, "board") is CancelOutcome.CANCELLED
+    marks = store.read_cancel_marks()
+    shard = soon.id.shard(store.shard_count)
+    assert now - 1_000 <= marks.at[shard] <= int(time.time() * 1000)
+    assert marks.counts[shard] == before.counts.get(shard, 0) + 1
+    assert store.cancel(soon.id, "board") is CancelOutcome.ALREADY_CANCELLED  # asked again: marked again
+    assert store.read_cancel_marks().counts[shard] == marks.counts[shard] + 1
+    assert store.cancel(later.id, "board") is CancelOutcome.CANCELLED
+    assert store.read_cancel_marks().counts.get(later.id.shard(store.shard_count), 0) >= 1
+    assert store.cancel(soon.id, "college") is CancelOutcome.NOT_FOUND

@@ -23,7 +23,8 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
     assert len(tables) + len(altered) == len(statements) - 1
     assert {name.split(".")[0] for name in tables + altered} == {"results_day"}
     assert set(tables) == {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta",
-                           "results_day.effects", "results_day.schedules", "results_day.tenant_limits"}
+                           "results_day.effects", "results_day.schedules", "results_day.tenant_limits",
+                           "results_day.cancel_marks", "results_day.cancel_counts"}
     assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)
@@ -34,10 +35,13 @@ def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_ke
     (tasks,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.tasks_by_bucket ")]
     added = [s for s in statements if s.startswith("ALTER TABLE")]
     assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text",
-                     "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int"]
+                     "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int",
+                     "ALTER TABLE ks.shards ADD IF NOT EXISTS baselines frozen<map<bigint, int>>"]
     assert "last_error      text" in tasks
     assert "cost            int" in tasks
     assert all(statements.index(each) > statements.index(tasks) for each in added)
+    (shards,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.shards ")]
+    assert "baselines     frozen<map<bigint, int>>" in shards
 
 
 def test_the_effect_ledger_is_keyed_by_scope_and_effect_key() -> None:

@@ -24,7 +24,7 @@ from scheduler.settings import CassandraSettings, check_keyspace, check_replicat
 _KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = \{[^}]*\}")
 _USE = re.compile(r"USE \w+")
 _TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS) (\w+)")
-_ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ \w+)")
+_ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ [\w<>, ]+)")
 
 
 def schema_text() -> str:

@@ -45,19 +45,30 @@ from __future__ import annotations
 
 import re
 import threading
+import time
+import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any, TypeVar
 
 from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
-from cassandra.query import BatchStatement, BatchType, BoundStatement, PreparedStatement, Statement, tuple_factory
+from cassandra.query import (
+    UNSET_VALUE,
+    BatchStatement,
+    BatchType,
+    BoundStatement,
+    PreparedStatement,
+    Statement,
+    tuple_factory,
+)
 
+from scheduler import cancels
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
-from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
+from scheduler.errors import InvalidTask, SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import (
     BUCKET_MS,
     Partition,
@@ -70,6 +81,8 @@ from scheduler.model import (
     to_ms,
 )
 from scheduler.ports import (
+    BadRow,
+    CancelMarks,
     CancelOutcome,
     InsertFailure,
     ShardState,
@@ -296,6 +309,7 @@ class CassandraTaskStore:
         after_ms: int | None = None,
         through_ms: int | None = None,
         page_size: int = 5000,
+        on_bad_row: Callable[[BadRow], None] | None = None,
     ) -> Iterator[StoredTask]:
         if page_size < 1:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -308,8 +322,18 @@ class CassandraTaskStore:
         result = self._execute(statement)
         try:
             for row in result:  # later pages are fetched while iterating
-                if row[2] is not None:  # a row holding only a status (a report for a missing row)
-                    yield _stored_task(row)
+                if row[2] is None:  # a row holding only a status (a report for a missing row)
+                    continue
+                try:
+                    stored = _stored_task(row)
+                except (InvalidTask, ValueError, TypeError, OverflowError) as exc:
+                    bad = _bad_row(partition, row, exc)
+                    if on_bad_row is None:
+                        raise InvalidTask(f"row {bad.run_at_ms}/{bad.task_id.hex()} of {partition}: {bad.reason}") \
+                            from None
+                    on_bad_row(bad)
+                    continue
+                yield stored
         except DRIVER_ERRORS as exc:
             raise StoreError(f"reading partition {partition} failed: {_describe(exc)}") from exc
 
@@ -319,6 +343,12 @@ class CassandraTaskStore:
         )
         row = self._execute(statement).one()
         return int(row[0]) if row is not None else 0
+
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+        if not buckets:
+            return {}
+        statement = self._q["count_buckets"].bind(([from_ms(bucket) for bucket in buckets], shard, from_ms(through_ms)))
+        return {to_ms(_utc(bucket)): int(count) for bucket, count in self._execute(statement) if count}
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
@@ -370,6 +400,8 @@ class CassandraTaskStore:
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         found = self.get(task_id)
         refusal = refusal_to_cancel(found, tenant)
+        if refusal is CancelOutcome.ALREADY_CANCELLED:
+            self._mark_cancel(task_id)  # the first cancel may have failed before its mark
         if refusal is not None:
             return refusal
         assert found is not None  # a missing task is refused above
@@ -379,7 +411,28 @@ class CassandraTaskStore:
         after = self.get(task_id)
         if after is not None and after.status.finished and after.status is not TaskStatus.CANCELLED:
             return CancelOutcome.FINISHED
+        self._mark_cancel(task_id)
         return CancelOutcome.CANCELLED
+
+    def _mark_cancel(self, task_id: TaskId) -> None:
+        """Raise the shard's cancel mark if the task may be in flight (see `scheduler.cancels`)."""
+        now = time.time_ns() // 1_000_000
+        if not cancels.may_be_in_flight(task_id.run_at_ms, now):
+            return
+        shard = task_id.shard(self._shard_count)
+        try:
+            self._execute(self._q["mark_cancel_at"].bind((from_ms(now), shard)))
+            self._execute(self._q["mark_cancel_count"].bind((shard,)))
+        except StoreError as exc:
+            raise StoreError(f"task {task_id} is cancelled in the store, but workers could not be told ({exc}); "
+                             "cancel it again") from exc
+
+    def read_cancel_marks(self) -> CancelMarks:
+        at = {int(shard): to_ms(_utc(moment)) for shard, moment in self._execute(self._q["read_cancel_at"].bind(()))
+              if moment is not None}
+        counts = {int(shard): int(n) for shard, n in self._execute(self._q["read_cancel_counts"].bind(()))
+                  if n is not None}
+        return CancelMarks(at, counts)
 
     def _status_statement(self, report: StatusReport) -> Statement:
         task_id = report.task_id
@@ -421,13 +474,16 @@ class CassandraTaskStore:
         row = self._execute(self._q["read_shard"].bind((shard,))).one()
         if row is None:
             return ShardState(shard, None, None, None)
-        owner, token, fired_through = row
-        return ShardState(shard, owner, token, None if fired_through is None else to_ms(_utc(fired_through)))
+        owner, token, fired_through, baselines = row
+        return ShardState(shard, owner, token, None if fired_through is None else to_ms(_utc(fired_through)),
+                          None if baselines is None else {int(bucket): int(n) for bucket, n in baselines.items()})
 
-    def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
+    def advance_shard(self, shard: int, token: int, fired_through_ms: int,
+                      baselines: Mapping[int, int] | None = None) -> bool:
         moment = from_ms(fired_through_ms)
+        counts: object = UNSET_VALUE if baselines is None else dict(baselines)
         for _ in range(_CONDITION_ROUNDS):
-            result = self._execute(self._q["advance_shard"].bind((moment, shard, token, moment)))
+            result = self._execute(self._q["advance_shard"].bind((moment, counts, shard, token, moment)))
             if result.was_applied:
                 return True
             current = result.one()
@@ -435,7 +491,7 @@ class CassandraTaskStore:
                 return False
             # The cursor was null: the first advance. If another caller with the same token
             # sets it first, go round and compare with what it set.
-            if self._execute(self._q["advance_shard_first"].bind((moment, shard, token))).was_applied:
+            if self._execute(self._q["advance_shard_first"].bind((moment, counts, shard, token))).was_applied:
                 return True
         raise StoreError(f"advancing shard {shard} kept racing other writers; giving up")
 
@@ -540,6 +596,23 @@ def _stored_task(row: Sequence[Any]) -> StoredTask:
     return StoredTask(
         task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error or None
     )
+
+
+def _bad_row(partition: Partition, row: Sequence[Any], error: Exception) -> BadRow:
+    """A row `_stored_task` could not read, with its columns as plain values."""
+    names = ("run_at", "task_id", "tenant", "type", "priority", "payload", "attempt", "max_attempts",
+             "idempotency_key", "status", "status_attempt", "last_error", "cost")
+    fields: dict[str, object] = {}
+    for name, value in zip(names, row, strict=True):
+        if isinstance(value, datetime):
+            value = to_ms(_utc(value))
+        elif isinstance(value, uuid.UUID):
+            value = value.bytes
+        fields[name] = value
+    run_at = fields["run_at"]
+    task_id = fields["task_id"]
+    return BadRow(partition, run_at if isinstance(run_at, int) else 0,
+                  task_id if isinstance(task_id, bytes) else bytes(16), fields, f"{type(error).__name__}: {error}")
 
 
 _STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}

@@ -374,13 +374,18 @@ class SqliteHandoffReader:
             return []
         self._start = (self._start + 1) % len(shards)
         records: list[HandoffRecord] = []
+        moved: dict[int, int] = {}
         for shard in shards[self._start:] + shards[:self._start]:
             if len(records) >= max_records:
                 break
-            rows = self._queue.read_from(self._topic, shard, self._positions[shard], max_records - len(records))
-            records += (HandoffRecord(shard, offset, value) for offset, value in rows)
+            rows = self._queue._read(_FROM_WITH_TIME, (self._topic, shard, self._positions[shard],
+                                                       max_records - len(records)))
+            records += (HandoffRecord(shard, int(offset), bytes(value), int(stamp)) for offset, value, stamp in rows)
             if rows:
-                self._positions[shard] = rows[-1][0] + 1
+                moved[shard] = int(rows[-1][0]) + 1
+        # Only now, with every read done: a read that fails part-way moves no position, so
+        # the records read before it are returned by the next poll, never skipped.
+        self._positions.update(moved)
         return records
 
     def commit(self, positions: Mapping[int, int]) -> None:

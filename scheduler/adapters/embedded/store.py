@@ -21,16 +21,18 @@ as cost 1.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from scheduler import cancels
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
-from scheduler.errors import SchemaConflict, StoreError
+from scheduler.errors import InvalidTask, SchemaConflict, StoreError
 from scheduler.model import (
     DEFAULT_SHARD_COUNT,
     Partition,
@@ -42,6 +44,8 @@ from scheduler.model import (
     minute_bucket,
 )
 from scheduler.ports import (
+    BadRow,
+    CancelMarks,
     CancelOutcome,
     InsertFailure,
     ShardState,
@@ -82,7 +86,13 @@ CREATE TABLE IF NOT EXISTS shards (
     shard         INTEGER PRIMARY KEY,
     owner         TEXT,
     lease_token   INTEGER,
-    fired_through INTEGER
+    fired_through INTEGER,
+    baselines     TEXT
+);
+CREATE TABLE IF NOT EXISTS cancel_marks (
+    shard INTEGER PRIMARY KEY,
+    at    INTEGER NOT NULL,
+    n     INTEGER NOT NULL
 );
 """
 
@@ -93,8 +103,9 @@ which bench/ingest.py measured at 1.4x the inserts per second."""
 
 _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attempts, idempotency_key, " \
            "status, status_attempt, last_error, cost"
+_COLUMN_NAMES = tuple(name.strip() for name in _COLUMNS.split(","))
 
-ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"))
+ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"), ("shards", "baselines", "TEXT"))
 """Columns added to a table after files were made without them: `(table, column, type)`."""
 
 GET_MANY_CHUNK = 200
@@ -221,6 +232,7 @@ class SqliteTaskStore:
         after_ms: int | None = None,
         through_ms: int | None = None,
         page_size: int = 5000,
+        on_bad_row: Callable[[BadRow], None] | None = None,
     ) -> Iterator[StoredTask]:
         if page_size < 1:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -239,7 +251,19 @@ class SqliteTaskStore:
                 [partition.minute_bucket, partition.shard, *parameters, high, page_size],
             )
             for row in rows:
-                yield _stored_task(row)
+                try:
+                    stored = _stored_task(row)
+                except (InvalidTask, ValueError, TypeError, OverflowError) as exc:
+                    run_at, id_bytes = row[0], row[1]
+                    bad = BadRow(partition, run_at if isinstance(run_at, int) else 0,
+                                 id_bytes if isinstance(id_bytes, bytes) and len(id_bytes) == 16 else bytes(16),
+                                 dict(zip(_COLUMN_NAMES, row, strict=True)), f"{type(exc).__name__}: {exc}")
+                    if on_bad_row is None:
+                        raise InvalidTask(f"row {bad.run_at_ms}/{bad.task_id.hex()} of {partition}: {bad.reason}") \
+                            from None
+                    on_bad_row(bad)
+                    continue
+                yield stored
             if len(rows) < page_size:
                 return
             last = (rows[-1][0], rows[-1][1])
@@ -250,6 +274,17 @@ class SqliteTaskStore:
             [partition.minute_bucket, partition.shard, after_ms, through_ms],
         )
         return int(rows[0][0])
+
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+        if not buckets:
+            return {}
+        marks = ", ".join("?" * len(buckets))
+        rows = self._read(
+            f"SELECT minute_bucket, count(*) FROM tasks WHERE minute_bucket IN ({marks}) AND shard = ? "
+            "AND run_at <= ? GROUP BY minute_bucket",
+            [*buckets, shard, through_ms],
+        )
+        return {int(bucket): int(count) for bucket, count in rows if count}
 
     def _locate(self, task_id: TaskId) -> tuple[int, int, int, bytes]:
         """The primary key of the task's home row."""
@@ -284,17 +319,26 @@ class SqliteTaskStore:
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         key = self._locate(task_id)
+        now = time.time_ns() // 1_000_000
         with self._transaction() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE {_HOME_ROW}", key).fetchone()
             found = None if row is None else _stored_task(row)
             refusal = refusal_to_cancel(found, tenant)
-            if refusal is not None:
+            if refusal not in (None, CancelOutcome.ALREADY_CANCELLED):
                 return refusal
-            assert found is not None  # a missing task is refused above
-            attempt = found.latest_attempt
-            db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None, *key,
-                                        attempt, attempt, TaskStatus.CANCELLED.rank))
-        return CancelOutcome.CANCELLED
+            if refusal is None:
+                assert found is not None  # a missing task is refused above
+                attempt = found.latest_attempt
+                db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None,
+                                            *key, attempt, attempt, TaskStatus.CANCELLED.rank))
+            if cancels.may_be_in_flight(task_id.run_at_ms, now):  # in the same transaction as the status
+                db.execute("INSERT INTO cancel_marks VALUES (?, ?, 1) ON CONFLICT (shard) DO UPDATE "
+                           "SET at = max(at, excluded.at), n = n + 1", (task_id.shard(self._shard_count), now))
+        return refusal or CancelOutcome.CANCELLED
+
+    def read_cancel_marks(self) -> CancelMarks:
+        rows = self._read("SELECT shard, at, n FROM cancel_marks", ())
+        return CancelMarks({int(shard): int(at) for shard, at, _ in rows}, {int(shard): int(n) for shard, _, n in rows})
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         rows = [
@@ -316,18 +360,21 @@ class SqliteTaskStore:
             return cursor.rowcount == 1
 
     def read_shard(self, shard: int) -> ShardState:
-        rows = self._read("SELECT owner, lease_token, fired_through FROM shards WHERE shard = ?", (shard,))
+        rows = self._read("SELECT owner, lease_token, fired_through, baselines FROM shards WHERE shard = ?", (shard,))
         if not rows:
             return ShardState(shard, None, None, None)
-        owner, token, fired_through = rows[0][:3]
-        return ShardState(shard, owner, token, fired_through)
+        owner, token, fired_through, baselines = rows[0]
+        return ShardState(shard, owner, token, fired_through,
+                          None if baselines is None else {int(b): int(n) for b, n in json.loads(baselines).items()})
 
-    def advance_shard(self, shard: int, token: int, fired_through_ms: int) -> bool:
+    def advance_shard(self, shard: int, token: int, fired_through_ms: int,
+                      baselines: Mapping[int, int] | None = None) -> bool:
         with self._transaction() as db:
             cursor = db.execute(
-                "UPDATE shards SET fired_through = ? WHERE shard = ? AND lease_token = ? "
-                "AND (fired_through IS NULL OR fired_through <= ?)",
-                (fired_through_ms, shard, token, fired_through_ms),
+                "UPDATE shards SET fired_through = ?, baselines = coalesce(?, baselines) WHERE shard = ? "
+                "AND lease_token = ? AND (fired_through IS NULL OR fired_through <= ?)",
+                (fired_through_ms, None if baselines is None else json.dumps({str(b): n for b, n in baselines.items()}),
+                 shard, token, fired_through_ms),
             )
             return cursor.rowcount == 1
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_STORED,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -272,7 +273,9 @@ class KafkaHandoffReader:
                 continue
             shard, offset = message.partition(), message.offset()
             if shard in self._assigned and offset is not None:
-                records.append(HandoffRecord(shard, offset, message.value() or b""))
+                kind, stamp = message.timestamp()
+                records.append(HandoffRecord(shard, offset, message.value() or b"",
+                                             stamp if kind != TIMESTAMP_NOT_AVAILABLE else None))
         return records
 
     def commit(self, positions: Mapping[int, int]) -> None:
