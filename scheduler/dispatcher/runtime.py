@@ -54,12 +54,13 @@ from typing import Any
 from scheduler import handoff
 from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
-from scheduler.dispatcher.shard import FireBatch, OwnedShard, Row, rows_from
+from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS, FireBatch, OwnedShard, Row, rows_from, slice_floor
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError, StoreUnavailable
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.fairness.limits import Limits
 from scheduler.model import BUCKET_MS, minute_bucket
 from scheduler.ports import (
+    BadRow,
     Coordinator,
     HandoffReader,
     Lease,
@@ -70,6 +71,7 @@ from scheduler.ports import (
     TaskStore,
 )
 from scheduler.recurring.runner import PassResult, ScheduleRunner
+from scheduler.worker import dead_letters
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,12 @@ LIMITS_ATTEMPTS = 10
 LOAD_ATTEMPTS = 5
 """Tries of one bucket read before it is handed back to be asked for again later."""
 
+SKEW_WARN_MS = 1000
+"""A hand-off record stamped this far ahead of the dispatcher's clock is counted and logged."""
+
+SKEW_WINDOW_MS = 60_000
+"""The window over which the least lag of hand-off records is taken (`Stats.handoff_min_lag_ms`)."""
+
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -103,6 +111,14 @@ class DispatcherConfig:
     """How far ahead buckets are loaded: the next bucket is read a minute before it starts."""
     verify_lead_ms: int = 2000
     verify_grace_ms: int = 1000
+    second_look_ms: int = 1000
+    """How long after a slice ends (or after its bucket was read) it is counted again."""
+    sweep_interval_ms: int = 10_000
+    """How often each shard's look-back horizon is counted, bucket by bucket."""
+    sweep_horizon_ms: int = DEFAULT_HORIZON_MS
+    """How far back the sweep looks for rows written late."""
+    dead_letter_topic: str | None = None
+    """Where rows that cannot be read are parked (None: they are logged and skipped)."""
     advance_interval_ms: int = 1000
     commit_interval_ms: int = 1000
     balance_interval_s: float = 1.0
@@ -158,6 +174,21 @@ class Stats:
     completions: int = 0
     limits_reads: int = 0
     limits_failures: int = 0
+    slices_looked: int = 0
+    looks_reread: int = 0
+    rows_found_late: int = 0
+    """Rows a second look found that the shard had not seen (written after its reads)."""
+    sweeps: int = 0
+    buckets_reread: int = 0
+    rows_swept: int = 0
+    """Rows a sweep found behind the cursor that the shard had not handled."""
+    bad_rows: int = 0
+    handoff_clock_ahead: int = 0
+    """Hand-off records stamped more than `SKEW_WARN_MS` ahead of this dispatcher's clock."""
+    handoff_min_lag_ms: int | None = None
+    """The least (now - writer's stamp) over the hand-off records of the last window: the
+    writers' clocks behind this one's by about this much (plus the transit), or ahead if
+    negative."""
     started_ms: int = field(default_factory=wall_clock_ms)
 
 
@@ -226,6 +257,9 @@ class Dispatcher:
         self.gate = ReleaseGate(self.shard_count, hold_timeout_ms=int(config.hold_timeout_s * 1000))
         self._release_at_ms: int | None = None
         """When the gate can let the next task out, if that is before the next tick."""
+        self._lag_window: tuple[int, int | None] = (0, None)
+        """(window start, least lag so far) of the hand-off records' stamps."""
+        self._skew_logged_ms = 0
 
     # Lifecycle.
 
@@ -409,7 +443,8 @@ class Dispatcher:
         if start is None:  # never fired: from the store's creation, when it says
             created = self.store.created_ms
             start = created - 1 if created is not None else self.clock() - self.config.first_lookback_ms
-        self._post(partial(self._shard_started, lease, start))
+        baselines = None if state.baselines is None else dict(state.baselines)
+        self._post(partial(self._shard_started, lease, start, baselines))
 
     def _retry_later(self, action: Callable[[], None], lease: Lease, delay_s: float = 1.0) -> None:
         def again() -> None:
@@ -435,15 +470,17 @@ class Dispatcher:
                 return
             try:
                 chunk: list[StoredTask] = []
+                bad: list[Row] = []
                 for stored in self.store.read_partition(owned.partition(bucket), after_ms=after,
-                                                        page_size=self.config.page_size):
+                                                        page_size=self.config.page_size,
+                                                        on_bad_row=partial(self._bad_row, bad)):
                     if len(chunk) >= LOAD_CHUNK and stored.task.run_at_ms != chunk[-1].task.run_at_ms:
-                        rows = rows_from(chunk, token, owned.long_types)
+                        rows = rows_from(chunk, token, owned.long_types) + bad
                         after = chunk[-1].task.run_at_ms
                         self._post(partial(self._rows_loaded, shard, token, rows, bucket, after))
-                        chunk = []
+                        chunk, bad = [], []
                     chunk.append(stored)
-                rows = rows_from(chunk, token, owned.long_types)
+                rows = rows_from(chunk, token, owned.long_types) + bad
                 self._post(partial(self._rows_loaded, shard, token, rows, bucket, bucket + BUCKET_MS - 1, read_started))
                 return
             except SchedulerError as exc:
@@ -454,7 +491,23 @@ class Dispatcher:
                 delay = min(delay * 2, 5.0)
         self._post(partial(self._bucket_failed, shard, token, bucket))
 
-    def _count_slice(self, owned: OwnedShard, k: int) -> None:
+    def _bad_row(self, into: list[Row], bad: BadRow) -> None:
+        """A row the store could not read: it goes to the dead-letter topic with its raw
+        columns, and counts as handled (so the shard goes on and its counts still match)."""
+        self.stats.bad_rows += 1
+        log.error("row %d/%s of partition %s cannot be read (%s); dead-lettering it", bad.run_at_ms,
+                  bad.task_id.hex(), bad.partition, bad.reason, extra={"action": "bad_row"})
+        into.append(Row(bad.run_at_ms, bad.task_id, 0, None, dead_letters.for_bad_row(bad, self.clock())))
+
+    def _read_rows(self, owned: OwnedShard, after_ms: int, through_ms: int) -> list[Row]:
+        """The rows of the shard in `(after_ms, through_ms]` (one bucket), fit for the wheel."""
+        bad: list[Row] = []
+        stored = list(self.store.read_partition(owned.partition(minute_bucket(through_ms)), after_ms=after_ms,
+                                                through_ms=through_ms, on_bad_row=partial(self._bad_row, bad)))
+        return rows_from(stored, owned.token, owned.long_types) + bad
+
+    def _count_slice(self, owned: OwnedShard, k: int, look: bool = False) -> None:
+        """Count slice `k` in the store: before it fires (its verify), or after (`look`)."""
         token, shard = owned.token, owned.shard
         after, through = owned.count_range(k)
         try:
@@ -463,27 +516,48 @@ class Dispatcher:
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("counting a slice of shard %d failed: %s", shard, exc, extra={"action": "count_failed"})
-            self._post(partial(self._slice_failed, shard, token, k))
+            self._post(partial(self._slice_failed, shard, token, k, look))
             return
-        self._post(partial(self._slice_counted, shard, token, k, stored))
+        self._post(partial(self._slice_counted, shard, token, k, stored, look))
 
-    def _reread_slice(self, owned: OwnedShard, k: int) -> None:
+    def _reread_slice(self, owned: OwnedShard, k: int, look: bool = False) -> None:
         token, shard = owned.token, owned.shard
         after, through = owned.count_range(k)
         try:
-            stored = list(self.store.read_partition(owned.partition(minute_bucket(k * 1000)), after_ms=after,
-                                                    through_ms=through))
+            rows = self._read_rows(owned, after, through)
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("re-reading a slice of shard %d failed: %s", shard, exc, extra={"action": "reread_failed"})
-            self._post(partial(self._slice_failed, shard, token, k))
+            self._post(partial(self._slice_failed, shard, token, k, look))
             return
-        rows = rows_from(stored, token, owned.long_types)
-        self._post(partial(self._slice_reread, shard, token, k, rows))
+        self._post(partial(self._slice_reread, shard, token, k, rows, look))
 
-    def _advance(self, shard: int, lease: Lease, through_ms: int) -> None:
+    def _sweep(self, owned: OwnedShard, through_ms: int, buckets: list[int]) -> None:
+        """Count the buckets of the look-back horizon behind the cursor, in one request."""
+        token, shard = owned.token, owned.shard
         try:
-            applied = self.store.advance_shard(shard, lease.token, through_ms)
+            counts = self.store.count_buckets(shard, buckets, through_ms)
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("the sweep of shard %d failed: %s", shard, exc, extra={"action": "sweep_failed"})
+            self._post(partial(self._sweep_failed, shard, token))
+            return
+        self._post(partial(self._swept, shard, token, through_ms, buckets, counts))
+
+    def _reread_bucket(self, owned: OwnedShard, bucket: int, through_ms: int) -> None:
+        token, shard = owned.token, owned.shard
+        try:
+            rows = self._read_rows(owned, bucket - 1, min(through_ms, bucket + BUCKET_MS - 1))
+        except SchedulerError as exc:
+            self.stats.store_failures += 1
+            log.warning("re-reading bucket %d of shard %d failed: %s; the next sweep tries again", bucket, shard, exc,
+                        extra={"action": "reread_failed"})
+            return
+        self._post(partial(self._bucket_reread, shard, token, bucket, rows))
+
+    def _advance(self, shard: int, lease: Lease, through_ms: int, baselines: dict[int, int]) -> None:
+        try:
+            applied = self.store.advance_shard(shard, lease.token, through_ms, baselines)
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("advancing the cursor of shard %d failed: %s", shard, exc,
@@ -545,10 +619,11 @@ class Dispatcher:
         return floor < max(owned.persisted_ms, self._advance_target.get(shard, owned.persisted_ms))
 
     def _cursor(self, owned: OwnedShard) -> int:
-        """How far the shard's cursor may move: never past a task waiting in the gate."""
+        """How far the shard's cursor may move: never past a task waiting in the gate (cut
+        down to a slice boundary, as `OwnedShard.cursor_candidate` is)."""
         through = owned.cursor_candidate()
         floor = self.gate.floor(owned.shard)
-        return through if floor is None else min(through, floor)
+        return through if floor is None else min(through, slice_floor(floor))
 
     def _holds(self, shard: int, token: int) -> bool:
         owned = self.shards.get(shard)
@@ -558,14 +633,16 @@ class Dispatcher:
         owned = self.shards.get(shard)
         return owned if owned is not None and owned.token == token else None
 
-    def _shard_started(self, lease: Lease, start_ms: int) -> None:
+    def _shard_started(self, lease: Lease, start_ms: int, baselines: dict[int, int] | None = None) -> None:
         if self._stopping.is_set() or not self.coordinator.is_valid(lease):
             self._drop(lease.shard, "lease lost while starting", lease)
             return
+        config = self.config
         owned = OwnedShard(
             shard=lease.shard, lease=lease, start_ms=start_ms, shard_count=self.shard_count,
-            long_types=self.config.long_types, tick_ms=self.config.tick_ms,
-            verify_grace_ms=self.config.verify_grace_ms,
+            long_types=config.long_types, tick_ms=config.tick_ms, verify_grace_ms=config.verify_grace_ms,
+            second_look_ms=config.second_look_ms, sweep_interval_ms=config.sweep_interval_ms,
+            horizon_ms=config.sweep_horizon_ms, inherited=baselines,
         )
         try:
             self.handoff_reader.assign(lease.shard)
@@ -604,29 +681,62 @@ class Dispatcher:
     def _readers_idle(self) -> bool:
         return not any(owned.requested_buckets - owned.completed_buckets for owned in self.shards.values())
 
-    def _slice_counted(self, shard: int, token: int, k: int, stored: int) -> None:
+    def _slice_counted(self, shard: int, token: int, k: int, stored: int, look: bool = False) -> None:
         owned = self._current(shard, token)
         if owned is None:
             return
-        self.stats.slices_counted += 1
-        if owned.slice_counted(k, stored):
-            self.stats.slices_reread += 1
-            self._submit(self._readers, self._reread_slice, owned, k,
-                         on_error=partial(self._post, partial(self._slice_failed, shard, token, k)))
+        if look:
+            self.stats.slices_looked += 1
+            again = owned.slice_looked(k, stored)
+            self.stats.looks_reread += again
+        else:
+            self.stats.slices_counted += 1
+            again = owned.slice_counted(k, stored)
+            self.stats.slices_reread += again
+        if again:
+            self._submit(self._readers, self._reread_slice, owned, k, look,
+                         on_error=partial(self._post, partial(self._slice_failed, shard, token, k, look)))
 
-    def _slice_reread(self, shard: int, token: int, k: int, rows: list[Row]) -> None:
+    def _slice_reread(self, shard: int, token: int, k: int, rows: list[Row], look: bool = False) -> None:
         owned = self._current(shard, token)
         if owned is not None:
-            added = owned.slice_reread(k, rows)
-            self.stats.rows_merged += added
+            added = owned.slice_reread(k, rows, look=look)
+            if look:
+                self.stats.rows_found_late += added
+            else:
+                self.stats.rows_merged += added
             if added:
-                log.warning("slice %d of shard %d held %d tasks the dispatcher had not seen; merged", k, shard,
-                            added, extra={"action": "slice_merged", "shard": shard})
+                log.warning("slice %d of shard %d held %d tasks the dispatcher had not seen (%s); merged", k, shard,
+                            added, "written after it fired: they fire now" if look else "before it fired",
+                            extra={"action": "slice_merged", "shard": shard})
 
-    def _slice_failed(self, shard: int, token: int, k: int) -> None:
+    def _slice_failed(self, shard: int, token: int, k: int, look: bool = False) -> None:
         owned = self._current(shard, token)
         if owned is not None:  # asked again a little later
-            owned.slice_failed(k, self.clock() + int(500 + 1000 * random.random()))
+            owned.slice_failed(k, self.clock() + int(500 + 1000 * random.random()), look=look)
+
+    def _swept(self, shard: int, token: int, through_ms: int, buckets: list[int], counts: dict[int, int]) -> None:
+        owned = self._current(shard, token)
+        if owned is None:
+            return
+        self.stats.sweeps += 1
+        for bucket in owned.swept(through_ms, buckets, counts):
+            self.stats.buckets_reread += 1
+            self._submit(self._readers, self._reread_bucket, owned, bucket, through_ms)
+
+    def _sweep_failed(self, shard: int, token: int) -> None:
+        owned = self._current(shard, token)
+        if owned is not None:
+            owned.sweep_failed(self.clock() + int(1000 + 1000 * random.random()))
+
+    def _bucket_reread(self, shard: int, token: int, bucket: int, rows: list[Row]) -> None:
+        owned = self._current(shard, token)
+        if owned is not None:
+            added = owned.bucket_reread(bucket, rows)
+            self.stats.rows_swept += added
+            if added:
+                log.warning("bucket %d of shard %d held %d tasks behind the cursor that were never fired; firing "
+                            "them now", bucket, shard, added, extra={"action": "bucket_merged", "shard": shard})
 
     def _bucket_failed(self, shard: int, token: int, bucket: int) -> None:
         owned = self._current(shard, token)
@@ -652,6 +762,7 @@ class Dispatcher:
         if owned is None:
             return
         through = self._cursor(owned)
+        baselines = owned.baselines(self.clock(), through)
         self.gate.drop_shard(shard)
         position = self._ready_positions.get(shard)
         if position is not None and position != self._committed.get(shard):
@@ -662,7 +773,7 @@ class Dispatcher:
         self._stop_reading(shard)
         log.info("stopped firing shard %d to give it back", shard,
                  extra={"action": "shard_stopped", "shard": shard})
-        self._submit(self._writers, self._finish_give_back, owned, through,
+        self._submit(self._writers, self._finish_give_back, owned, through, baselines,
                      on_error=partial(self._give_up_lease, owned.lease))
 
     def _stop_reading(self, shard: int) -> None:
@@ -675,11 +786,13 @@ class Dispatcher:
         self._committed.pop(shard, None)
         self._ready_positions.pop(shard, None)
 
-    def _finish_give_back(self, owned: OwnedShard, through: int) -> None:
-        """Off the fire loop: write the final cursor `through`, then release the lease."""
+    def _finish_give_back(self, owned: OwnedShard, through: int | None = None,
+                          baselines: dict[int, int] | None = None) -> None:
+        """Off the fire loop: write the final cursor `through` (with its baselines), then
+        release the lease."""
         try:
-            if through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
-                self.store.advance_shard(owned.shard, owned.token, through)
+            if through is not None and through > owned.persisted_ms and self.coordinator.is_valid(owned.lease):
+                self.store.advance_shard(owned.shard, owned.token, through, baselines)
         except SchedulerError as exc:
             log.warning("final cursor of shard %d not written: %s", owned.shard, exc)
         self._give_up_lease(owned.lease)
@@ -770,7 +883,10 @@ class Dispatcher:
         except QueueError as exc:
             log.warning("reading the hand-off log failed: %s", exc, extra={"action": "handoff_read_failed"})
             return
+        now = self.clock()
         for record in records:
+            if record.timestamp_ms is not None:
+                self._note_stamp(now, record.timestamp_ms)
             owned = self.shards.get(record.shard)
             if owned is None:
                 continue
@@ -792,6 +908,26 @@ class Dispatcher:
                 log.error("skipped a bad hand-off record at shard %d offset %d: %s", record.shard, record.offset, exc,
                           extra={"action": "bad_handoff"})
             self._positions[record.shard] = record.offset + 1
+
+    def _note_stamp(self, now: int, stamp_ms: int) -> None:
+        """Measure the hand-off writers' clocks against this one: a record stamped ahead of
+        now was stamped by a clock that is ahead (counted, logged once a window); the least
+        lag over a window is how far behind the writers' clocks are, plus the transit."""
+        lag = now - stamp_ms
+        if lag < -SKEW_WARN_MS:
+            self.stats.handoff_clock_ahead += 1
+            if now - self._skew_logged_ms >= SKEW_WINDOW_MS:
+                self._skew_logged_ms = now
+                log.warning("a hand-off record was stamped %d ms ahead of this dispatcher's clock: a producer's or "
+                            "worker's clock is ahead; its tasks due 'now' fire that much late (see the README on "
+                            "clocks)", -lag, extra={"action": "clock_skew"})
+        started, least = self._lag_window
+        if now - started >= SKEW_WINDOW_MS:
+            if least is not None:
+                self.stats.handoff_min_lag_ms = least
+            self._lag_window = (now, lag)
+        elif least is None or lag < least:
+            self._lag_window = (started, lag)
 
     def _fire(self, now: int) -> set[int]:
         """Fire what is due in every shard whose lease is valid; returns those shards."""
@@ -815,7 +951,9 @@ class Dispatcher:
             polled.add(shard)
             self.stats.skipped_cancelled += batch.skipped_cancelled
             self.stats.duplicates_dropped += batch.duplicates
-            if batch.by_tag:
+            if batch.dead_letters and self.config.dead_letter_topic is None:
+                batch.dead_letters = []  # nowhere to park them: logged when read
+            if batch.by_tag or batch.dead_letters:
                 self._pending.append((shard, owned.token, batch))
             else:
                 owned.flushed(batch)
@@ -859,6 +997,8 @@ class Dispatcher:
                 for _, _, batch in sending:
                     for tag, values in batch.by_tag.items():
                         by_topic.setdefault((self.topics[tag], batch.released_at_ms), []).extend(values)
+                    if batch.dead_letters and self.config.dead_letter_topic is not None:
+                        by_topic.setdefault((self.config.dead_letter_topic, None), []).extend(batch.dead_letters)
                 for (topic, stamp), values in by_topic.items():
                     self.publisher.publish(topic, values, stamp)
                 self.publisher.flush(self.config.flush_timeout_s)
@@ -891,13 +1031,22 @@ class Dispatcher:
         for shard, owned in self.shards.items():
             token = owned.token
             for bucket in owned.buckets_to_load(now, self.config.lookahead_ms):
-                owned.requested_buckets.add(bucket)
+                owned.read_asked(bucket)
                 self._submit(self._readers, self._load_bucket, owned, bucket, owned.resume_after(bucket),
                              on_error=partial(self._post, partial(self._bucket_failed, shard, token, bucket)))
             for k in owned.slices_to_verify(now, self.config.verify_lead_ms):
                 owned.ask_count(k)
                 self._submit(self._readers, self._count_slice, owned, k,
                              on_error=partial(self._post, partial(self._slice_failed, shard, token, k)))
+            for k in owned.slices_to_look(now):
+                owned.ask_look(k)
+                self._submit(self._readers, self._count_slice, owned, k, True,
+                             on_error=partial(self._post, partial(self._slice_failed, shard, token, k, True)))
+            sweep = owned.sweep_due(now)
+            if sweep is not None:
+                owned.forget(now)
+                self._submit(self._readers, self._sweep, owned, *sweep,
+                             on_error=partial(self._post, partial(self._sweep_failed, shard, token)))
 
     def _advance_cursors(self, now: int) -> None:
         for shard, owned in self.shards.items():
@@ -908,7 +1057,7 @@ class Dispatcher:
                 self._advancing.add(shard)
                 self._last_advance_ms[shard] = now
                 self._advance_target[shard] = through
-                self._submit(self._writers, self._advance, shard, owned.lease, through,
+                self._submit(self._writers, self._advance, shard, owned.lease, through, owned.baselines(now, through),
                              on_error=partial(self._post, partial(self._advanced, shard, owned.lease, None)))
 
     def _run_schedules(self, now: int) -> None:
