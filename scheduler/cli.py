@@ -429,12 +429,22 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
 @click.option("--hold-timeout", "hold_timeout_s", type=click.FloatRange(1, 86_400), default=300.0, show_default=True,
               help="Seconds a released task of a capped tenant holds its place when no completion comes back "
                    "(its worker died and nothing ran it again). Set it above the longest task.")
+@click.option("--sweep-interval", "sweep_interval_s", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              envvar="SCHEDULER_SWEEP_INTERVAL_S", show_envvar=True,
+              help="Seconds between counts of each shard's look-back horizon, which find rows written behind the "
+                   "cursor (no hand-off, or into the past): such a row fires at most about this late.")
+@click.option("--sweep-horizon", "sweep_horizon_s", type=click.FloatRange(120, 86_400), default=600.0,
+              show_default=True, envvar="SCHEDULER_SWEEP_HORIZON_S", show_envvar=True,
+              help="How far back (seconds) the sweep looks. A row written without a hand-off more than this after "
+                   "its run_at is not found; the SDK hands such tasks off (scheduler.connect). Costs 24 bytes a task "
+                   "fired within it.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
 @store_options
 def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
                tick_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
-               hold_timeout_s: float, log_level: str, backend: str, db: Path, **options: Any) -> None:
+               hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, log_level: str, backend: str,
+               db: Path, **options: Any) -> None:
     """Hold shard leases and fire due tasks to the ready topics until stopped.
 
     With tenant limits set (`scheduler limits`), due tasks are released fairly between
@@ -471,6 +481,8 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
             lease_timeout_s=lease_timeout_s,
             long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
             limits_interval_s=limits_interval_s, hold_timeout_s=hold_timeout_s,
+            sweep_interval_ms=int(sweep_interval_s * 1000), sweep_horizon_ms=int(sweep_horizon_s * 1000),
+            dead_letter_topic=settings.kafka.dead_letter_topic,
         )
         schedule_runner = ScheduleRunner(parts.schedules, Client(parts.store, handoff=parts.handoff),
                                          clock=wall_clock_ms)
