@@ -34,6 +34,13 @@ runs unchecked: a repeat is allowed, a stall is not. Which messages are checked 
   running attempt either);
 - `always` checks every message; `never` none.
 
+Cancels are definite whatever `check` says (`scheduler.cancels`): a `CancelWatch`
+keeps the store's cancel marks, read every 200 ms. A message whose shard was marked
+within a few minutes of its task's time is checked before it is placed, and the check
+is then required (if it fails it is tried again, never skipped); a placed message whose
+shard's mark moved since is checked again before it starts; and nothing starts while
+the copy of the marks is older than `cancels.MAX_AGE_MS`.
+
 Stale fencing tokens. Each message carries the token of the shard lease it was fired
 under; the worker learns each shard's current token from the store (`shards` table,
 refreshed every few seconds). A message with an older token came from a dispatcher that
@@ -66,9 +73,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduler import cancels
 from scheduler.errors import InvalidMessage, SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId, decode_message, decode_payload
 from scheduler.ports import (
+    CancelMarks,
     Consumer,
     Delivery,
     EffectLedger,
@@ -82,6 +91,7 @@ from scheduler.ports import (
 )
 from scheduler.worker import dead_letters
 from scheduler.worker.app import App, Handler
+from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.context import CLAIM_S, Context, EffectBusy
 from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
 from scheduler.worker.progress import Progress
@@ -145,6 +155,12 @@ class WorkerStats:
     launches: int = 0
     """Hand-offs to a handler thread or the event loop (below `started` when chunked)."""
     check_failures: int = 0
+    cancel_checks: int = 0
+    """Messages checked because their shard had a cancel near their time."""
+    cancel_rechecks: int = 0
+    """Placed messages checked again before starting: their shard had a cancel since."""
+    waited_for_marks: int = 0
+    """Turns in which nothing started because the copy of the cancel marks was too old."""
     commits: int = 0
     commit_failures: int = 0
     revoked: int = 0
@@ -167,6 +183,9 @@ class Job:
     finished: bool = False
     followers: list[Delivery] = field(default_factory=list)
     """Deliveries of the same attempt that arrived while this one was held."""
+    shard: int = 0
+    mark_seen: int = 0
+    """Its shard's cancel count when it was placed: a start under another count checks again."""
 
 
 @dataclass(slots=True)
@@ -238,7 +257,8 @@ class Worker:
         self._early: list[Finished] = []
         self._checker = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="checker")
         self._checked: queue.SimpleQueue[tuple[list[tuple[Delivery, Message]], dict[TaskId, StoredTask] | None,
-                                               dict[TopicPartition, int]]] = queue.SimpleQueue()
+                                               dict[TopicPartition, int], CancelMarks]] = queue.SimpleQueue()
+        self.cancel_watch = CancelWatch(store)
         self._checking = 0
         self._revoked_count: dict[TopicPartition, int] = {}
         self._first_seen: dict[TopicPartition, float] = {}
@@ -281,6 +301,8 @@ class Worker:
         return stats
 
     def run(self) -> None:
+        self.cancel_watch.read_once()  # before the first poll: starts wait for it anyway
+        self.cancel_watch.start()
         self._settler.start()
         if any(handler.is_async for handler in self.app.handlers()):
             self._start_loop()
@@ -304,6 +326,7 @@ class Worker:
             finally:
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._checker.shutdown(wait=False, cancel_futures=True)
+                self.cancel_watch.stop()
                 self._stop_loop()
                 self._stopped.set()
 
@@ -357,31 +380,52 @@ class Worker:
             except InvalidMessage as exc:
                 self.stats.undecodable += 1
                 self._dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
-        suspects = [message.task.id for delivery, message in decoded
-                    if self._note_fence(message) and self._suspect(delivery, message)]
+        marks = self.cancel_watch.marks
+        shard_count = self.config.shard_count
+        suspects: list[TaskId] = []
+        required = False
+        for delivery, message in decoded:
+            self._note_fence(message)
+            task = message.task
+            if cancels.needs_check(marks.at.get(task.id.shard(shard_count)), task.run_at_ms):
+                self.stats.cancel_checks += 1
+                required = True
+                suspects.append(task.id)
+            elif self._suspect(delivery, message):
+                suspects.append(task.id)
         if not suspects:
-            self._place(decoded, {})
+            self._place(decoded, {}, marks)
             return
+        self._send_to_check(decoded, suspects, marks, required)
+
+    def _send_to_check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId], marks: CancelMarks,
+                       required: bool) -> None:
         # The check is store I/O: it runs on the checker thread, so the main loop goes on
         # starting and settling work meanwhile. A batch whose partitions are revoked
         # before it returns is dropped (`_revoked_count`): the next owner has it.
         self._checking += len(decoded)
         revocations = {p: self._revoked_count.get(p, 0) for p in {(d.topic, d.partition) for d, _ in decoded}}
-        self._checker.submit(self._check, decoded, suspects, revocations)
+        self._checker.submit(self._check, decoded, suspects, revocations, marks, required)
 
     def _check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId],
-               revocations: dict[TopicPartition, int]) -> None:
-        """On the checker thread; whatever happens, the batch goes back to the main loop."""
+               revocations: dict[TopicPartition, int], marks: CancelMarks, required: bool = False) -> None:
+        """On the checker thread; whatever happens, the batch goes back to the main loop.
+        A `required` check (a cancel may concern the batch) is tried until it succeeds or
+        the worker stops; another runs unchecked if it fails."""
         homes: dict[TaskId, StoredTask] | None = None
+        delay = 0.1
         try:
             homes = self._homes(suspects)
-        finally:
-            self._checked.put((decoded, homes, revocations))
+            while homes is None and required and not self._stop.wait(delay):
+                delay = min(delay * 2, 2.0)
+                homes = self._homes(suspects)
+        finally:  # stopping with a required check undone: `_take_checked` drops the batch
+            self._checked.put((decoded, homes, revocations, marks))
 
     def _take_checked(self) -> None:
         while True:
             try:
-                decoded, homes, revocations = self._checked.get_nowait()
+                decoded, homes, revocations, marks = self._checked.get_nowait()
             except queue.Empty:
                 return
             self._checking -= len(decoded)
@@ -389,10 +433,13 @@ class Worker:
                 continue  # draining: never started, so delivered again to the next owner
             kept = [(d, m) for d, m in decoded
                     if self._revoked_count.get((d.topic, d.partition), 0) == revocations[(d.topic, d.partition)]]
-            self._place(kept, homes)
+            self._place(kept, homes, marks)
 
-    def _place(self, decoded: list[tuple[Delivery, Message]], homes: dict[TaskId, StoredTask] | None) -> None:
-        """Skip what the home rows say must not run; buffer the rest by topic."""
+    def _place(self, decoded: list[tuple[Delivery, Message]], homes: dict[TaskId, StoredTask] | None,
+               marks: CancelMarks) -> None:
+        """Skip what the home rows say must not run; buffer the rest by topic, each with
+        its shard's cancel count as `marks` had it."""
+        shard_count = self.config.shard_count
         for delivery, message in decoded:
             task = message.task
             if homes is not None and self._skip(task.attempt, homes.get(task.id)):
@@ -414,7 +461,9 @@ class Worker:
                 self.stats.merged += 1
                 continue
             name = self._short_names.get(delivery.topic, next(iter(self._buffers)))
-            job = self._active[key] = Job(delivery, message, handler, name)
+            shard = task.id.shard(shard_count)
+            job = self._active[key] = Job(delivery, message, handler, name, shard=shard,
+                                          mark_seen=marks.counts.get(shard, 0))
             self._buffers[name].append(job)
 
     def _suspect(self, delivery: Delivery, message: Message) -> bool:
@@ -471,10 +520,15 @@ class Worker:
         """
         buffers = self._buffers
         concurrency = self.config.concurrency
+        if self._busy < concurrency and any(buffers.values()) and not self.cancel_watch.fresh():
+            self.stats.waited_for_marks += 1
+            return  # a cancel may have been written since: start nothing until the marks are read
+        counts = self.cancel_watch.marks.counts
+        recheck: list[Job] = []
         while self._busy < concurrency:
             total = sum(len(buffer) for buffer in buffers.values())
             if not total:
-                return
+                break
             size = min(CHUNK_MAX, max(1, total // (concurrency - self._busy)))
             chunk: list[Job] = []
             while len(chunk) < size:
@@ -483,6 +537,9 @@ class Worker:
                 if name is None:
                     break
                 job = buffers[name].popleft()
+                if counts.get(job.shard, 0) != job.mark_seen:  # a cancel in its shard since it was placed
+                    recheck.append(job)
+                    continue
                 if not self._chunkable(job):
                     if chunk:  # it runs alone, first thing next time round: its pick stands
                         buffers[name].appendleft(job)
@@ -494,8 +551,19 @@ class Worker:
                 self.stats.served[name] = self.stats.served.get(name, 0) + 1
                 chunk.append(job)
             if not chunk:
-                return
+                break
             self._launch(chunk)
+        if recheck:
+            self._recheck(recheck)
+
+    def _recheck(self, jobs: list[Job]) -> None:
+        """Send placed jobs back through a required check: their shard had a cancel since."""
+        self.stats.cancel_rechecks += len(jobs)
+        decoded: list[tuple[Delivery, Message]] = []
+        for job in jobs:
+            self._active.pop((job.message.task.id, job.message.task.attempt), None)
+            decoded += [(delivery, job.message) for delivery in (job.delivery, *job.followers)]
+        self._send_to_check(decoded, [job.message.task.id for job in jobs], self.cancel_watch.marks, True)
 
     def _chunkable(self, job: Job) -> bool:
         handler = job.handler

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from scheduler import handoff
+from scheduler import cancels, handoff
+from scheduler.errors import StoreError
 from scheduler.model import Priority, decode_message
-from scheduler.ports import Delivery, StatusReport, TaskStatus
+from scheduler.ports import CancelOutcome, Delivery, StatusReport, TaskStatus
+from scheduler.producer import Client
 from scheduler.worker import App, Context, RetryableError, dead_letters
 from scheduler.worker.context import TASK_KEY_PREFIX
 from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
@@ -148,6 +150,51 @@ def test_cancelled_tasks_are_not_run(rig: EmbeddedRig) -> None:
     wait_for(lambda: rig.home(kept).status is TaskStatus.DONE)
     wait_for(lambda: worker.stats.skipped_cancelled == 1)
     assert [run[0] for run in rig.sink.runs()] == [str(kept.id)]
+
+
+def test_a_task_cancelled_after_it_was_published_never_starts_even_unchecked(rig: EmbeddedRig) -> None:
+    cancelled, kept = rig.fire([task("sms"), task("sms")])  # queued; the dispatcher did not hear of the cancel
+    assert rig.store.cancel(cancelled.id, "board").value == "cancelled"  # a cancel raises its shard's mark
+    worker = rig.start(check="never")  # no repeat checks: cancels are checked all the same
+    wait_for(lambda: rig.home(kept).status is TaskStatus.DONE)
+    wait_for(lambda: worker.stats.skipped_cancelled == 1)
+    assert [run[0] for run in rig.sink.runs()] == [str(kept.id)]
+    assert worker.stats.cancel_checks >= 1
+
+
+def test_a_task_cancelled_while_it_waits_in_the_workers_buffer_is_checked_again_before_it_starts(
+    rig: EmbeddedRig, tmp_path: Path
+) -> None:
+    gate = tmp_path / "go"
+    blocker = rig.fire([task("sms", {"mode": "wait_for", "path": str(gate)})])[0]
+    worker = rig.start(concurrency=1, check="never")
+    wait_for(lambda: rig.sink.runs(), what="the blocking task to start")
+    victim, after = rig.fire([task("sms"), task("sms")])
+    wait_for(lambda: worker.stats.received == 3, what="the victim to be placed behind the blocking task")
+    started = time.monotonic()
+    assert Client(rig.store, tenant="board").cancel(victim.id) is CancelOutcome.CANCELLED  # no hand-off here
+    assert time.monotonic() - started >= cancels.SETTLE_MS / 1000
+    gate.write_text("go")
+    wait_for(lambda: rig.home(after).status is TaskStatus.DONE and rig.home(blocker).status is TaskStatus.DONE)
+    assert str(victim.id) not in [run[0] for run in rig.sink.runs()]
+    assert worker.stats.cancel_rechecks >= 1 and worker.stats.skipped_cancelled == 1
+
+
+def test_nothing_starts_while_the_cancel_marks_cannot_be_read(rig: EmbeddedRig) -> None:
+    worker = rig.start()
+    wait_for(worker.cancel_watch.fresh, what="the first read of the marks")
+
+    class Unreadable:
+        def read_cancel_marks(self) -> None:
+            raise StoreError("the store is down")
+
+    readable, worker.cancel_watch._store = worker.cancel_watch._store, Unreadable()  # type: ignore[assignment]
+    wait_for(lambda: not worker.cancel_watch.fresh(), what="the marks to go stale")
+    (item,) = rig.fire([task("sms")])
+    wait_for(lambda: worker.stats.waited_for_marks > 0, what="the worker to hold the task")
+    assert rig.sink.runs() == []
+    worker.cancel_watch._store = readable
+    wait_for(lambda: rig.home(item).status is TaskStatus.DONE)
 
 
 def test_a_message_with_a_stale_fence_is_counted_and_still_run(rig: EmbeddedRig) -> None:
