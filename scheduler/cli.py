@@ -390,10 +390,12 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
     """Cancel a task that has not run yet.
 
     Exit 0 when it is (or already was) cancelled, 1 when no task of this tenant has
-    this id, 4 when it already finished.
+    this id, 4 when it already finished. Once it answers "cancelled", no attempt of the
+    task starts; for a task due within minutes that answer takes about 2 s.
     """
+    parsed = TaskId.parse(task_id)  # before anything is opened: a bad id creates no file
     with open_client(backend, db, **cassandra) as client:
-        outcome = client.cancel(TaskId.parse(task_id), tenant)
+        outcome = client.cancel(parsed, tenant)
     click.echo(f"{task_id}: {outcome.value}")
     if outcome is CancelOutcome.NOT_FOUND:
         raise click.exceptions.Exit(Exit.FAILURE)
@@ -433,7 +435,7 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
               envvar="SCHEDULER_SWEEP_INTERVAL_S", show_envvar=True,
               help="Seconds between counts of each shard's look-back horizon, which find rows written behind the "
                    "cursor (no hand-off, or into the past): such a row fires at most about this late.")
-@click.option("--sweep-horizon", "sweep_horizon_s", type=click.FloatRange(120, 86_400), default=600.0,
+@click.option("--sweep-horizon", "sweep_horizon_s", type=click.FloatRange(360, 86_400), default=600.0,
               show_default=True, envvar="SCHEDULER_SWEEP_HORIZON_S", show_envvar=True,
               help="How far back (seconds) the sweep looks. A row written without a hand-off more than this after "
                    "its run_at is not found; the SDK hands such tasks off (scheduler.connect). Costs 24 bytes a task "

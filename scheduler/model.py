@@ -59,6 +59,12 @@ from scheduler.errors import ConfigError, InvalidMessage, InvalidPayload, Invali
 BUCKET_MS = 60_000
 """Width of a bucket: tasks are partitioned by the minute they fall due."""
 
+LATE_WRITE_LIMIT_MS = 5 * BUCKET_MS
+"""How long after its run_at a task may be written with no hand-off and still fire: a
+dispatcher's sweep looks back at least this far, plus a minute for clocks, behind its
+cursor (`scheduler dispatcher --sweep-horizon`). A task handed off fires however late it
+was written."""
+
 DEFAULT_SHARD_COUNT = 64
 """Shards per keyspace. Fixed when the keyspace is created and recorded in it."""
 

@@ -30,11 +30,25 @@ Hand-off
 Tasks due within `handoff_window_s` (two minutes by default) are, after the store
 acknowledged them, also given to `handoff.submitted`, and a cancel of such a task to
 `handoff.cancelled`, so the owner of the shard, which has already read that minute,
-hears of them at once. A failed hand-off is a failed submit (`HandoffFailed`, or the
-item in `SubmitReport.failed`): the task is stored, but nothing promises it fires on
-time, so the caller must know. `submit_many` holds a chunk with such a task at most
-`URGENT_FLUSH_MS` before writing it. Without a hand-off (`handoff=None`, until the
-dispatcher defines its topic) near-term tasks rely on the dispatcher's own reads.
+hears of them at once. `scheduler.connect()` makes a client with the hand-off of the
+configured backend. A failed hand-off is a failed submit (`HandoffFailed`, or the item
+in `SubmitReport.failed`): the task is stored and will fire, but late (see below), so
+the caller must know. `submit_many` holds a chunk with such a task at most
+`URGENT_FLUSH_MS` before writing it.
+
+Without a hand-off (a `Client` built around a store of your own) nothing is lost: a
+stored row is a promise, and the dispatchers find rows written behind their reads (a
+second count of every slice a second after it fired, and a sweep of the last minutes
+every 10 s; see `scheduler.dispatcher.shard`). Such a task fires late: by about 2 s
+after its time when written before it, and within about the sweep interval (10 s) when
+written after it. The one thing a hand-off is needed for is a task written more than
+`LATE_WRITE_LIMIT_MS` (5 minutes) after its time, which only a keyed task can be: a
+client without a hand-off refuses those (`InvalidTask`).
+
+Cancels are definite: once `cancel` answered `CANCELLED`, no attempt of the task starts,
+however the client was built (`scheduler.cancels`). For a task that may already be in
+flight (due within minutes) the answer takes `cancels.SETTLE_MS` (2 s) to come;
+`cancel_many` waits once for all.
 """
 
 from __future__ import annotations
@@ -46,9 +60,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, Self
 
+from scheduler import cancels
 from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
 from scheduler.model import (
     DEFAULT_MAX_ATTEMPTS,
+    LATE_WRITE_LIMIT_MS,
     MAX_ATTEMPTS_LIMIT,
     MAX_PAYLOAD_BYTES,
     Priority,
@@ -177,6 +193,7 @@ class Client:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         now_ms: Callable[[], int] | None = None,
         closer: Callable[[], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
@@ -192,6 +209,10 @@ class Client:
         self._now_ms = now_ms or (lambda: time.time_ns() // 1_000_000)
         self._last_run_at: tuple[datetime | None, int] = (None, 0)
         self._closer = closer
+        self.cancel_settle_s = cancels.SETTLE_MS / 1000
+        """How long a cancel of a task that may be in flight waits before it answers (see
+        `scheduler.cancels`); lowering it breaks the promise that nothing starts after."""
+        self._settle = sleep
 
     # Closing.
 
@@ -252,6 +273,12 @@ class Client:
                 self._last_run_at = (run_at, run_at_ms)
             if idempotency_key is None:
                 run_at_ms = max(run_at_ms, now)
+            elif self.handoff is None and run_at_ms < now - LATE_WRITE_LIMIT_MS:
+                raise InvalidTask(
+                    f"this task is due {(now - run_at_ms) / 1000:.0f} s ago, and a client without a hand-off can "
+                    f"only submit a task up to {LATE_WRITE_LIMIT_MS // 1000} s after its time (dispatchers find "
+                    "rows written later only through the hand-off): make the client with scheduler.connect()"
+                )
         elif delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
             if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < _MAX_DELAY_S:
@@ -458,24 +485,47 @@ class Client:
         tenant the answer is `NOT_FOUND` and nothing changes. A running attempt is not
         interrupted; no further attempt starts.
 
-        A cancel of a task due within the hand-off window is also handed to the
-        dispatcher, which may already hold the task; if that fails, `HandoffFailed` is
-        raised and calling `cancel` again hands it off again.
+        The answer is definite: after `CANCELLED` (or `ALREADY_CANCELLED`), no attempt
+        starts, wherever the task was (`scheduler.cancels`). For a task that may already be
+        loaded or queued (due within minutes, or overdue) that takes `cancels.SETTLE_MS`:
+        the call returns after it. A cancel of a task due soon is also handed to the
+        dispatcher, which may hold the task, so it is not published at all (if that hand-off
+        fails, nothing is lost: the workers skip it; it is logged).
         """
+        task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
+        return self.cancel_many([task_id], tenant)[task_id]
+
+    def cancel_many(self, task_ids: Iterable[TaskId | str], tenant: str | None = None) -> dict[TaskId, CancelOutcome]:
+        """`cancel` each task, waiting `cancels.SETTLE_MS` once for them all (not once
+        each): the outcome of each, by id. A store that fails part-way raises `StoreError`
+        after that wait, so the cancels already answered are definite; cancelling the rest
+        again is safe (a cancelled task answers `ALREADY_CANCELLED`)."""
         tenant = tenant if tenant is not None else self.tenant
         if not isinstance(tenant, str) or not tenant:
             raise InvalidTask("cancel needs the tenant that owns the task")
-        task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
-        outcome = self.store.cancel(task_id, tenant)
-        handed = outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED)
-        if handed and self.handoff is not None and self._due_soon(task_id.run_at_ms, self._now_ms()):
-            try:
-                self.handoff.cancelled(task_id)
-            except Exception as exc:
-                log.warning("hand-off of the cancel of %s failed", task_id, exc_info=True,
-                            extra={"action": "handoff_failed"})
-                raise HandoffFailed(
-                    f"task {task_id} is cancelled in the store, but the hand-off to the dispatcher failed "
-                    f"({type(exc).__name__}: {exc}); cancel it again"
-                ) from exc
-        return outcome
+        ids = [TaskId.parse(task_id) if isinstance(task_id, str) else task_id for task_id in task_ids]
+        outcomes: dict[TaskId, CancelOutcome] = {}
+        in_flight: list[TaskId] = []
+        try:
+            for task_id in ids:
+                outcome = outcomes[task_id] = self.store.cancel(task_id, tenant)
+                if outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED) \
+                        and cancels.may_be_in_flight(task_id.run_at_ms, self._now_ms()):
+                    in_flight.append(task_id)
+        finally:
+            if in_flight:
+                self._hand_off_cancels(in_flight)
+                self._settle(self.cancel_settle_s)
+        return outcomes
+
+    def _hand_off_cancels(self, task_ids: Sequence[TaskId]) -> None:
+        if self.handoff is None:
+            return
+        now = self._now_ms()
+        for task_id in task_ids:
+            if self._due_soon(task_id.run_at_ms, now):
+                try:
+                    self.handoff.cancelled(task_id)
+                except Exception:
+                    log.warning("hand-off of the cancel of %s failed; the workers skip it all the same", task_id,
+                                exc_info=True, extra={"action": "handoff_failed"})

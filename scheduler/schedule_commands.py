@@ -181,8 +181,8 @@ def schedule_delete(name: str, tenant: str, backend: str, db: Path, **options: A
         cancelled = 0
         if deleted and found is not None:
             client = Client(store, handoff=handoff)
-            for task_id in runs_ahead(found, _now_ms()):
-                cancelled += client.cancel(task_id, tenant) is CancelOutcome.CANCELLED
+            outcomes = client.cancel_many(runs_ahead(found, _now_ms()), tenant)  # one settle wait for all
+            cancelled = sum(outcome is CancelOutcome.CANCELLED for outcome in outcomes.values())
     if not deleted:
         _no_such(tenant, name)
     click.echo(f"schedule {name}: deleted" + (f"; {cancelled} run(s) created ahead cancelled" if cancelled else ""))

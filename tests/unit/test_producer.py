@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -13,9 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler import cancels
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, StoreError
 from scheduler.model import (
+    LATE_WRITE_LIMIT_MS,
     MAX_COST,
     MAX_NAME_CHARS,
     MAX_PAYLOAD_BYTES,
@@ -338,18 +341,48 @@ def test_a_failed_hand_off_of_a_task_due_soon_fails_the_submit(store: SqliteTask
     assert report.ids is not None and report.ids[1] is None and report.ids[0] is not None
 
 
-def test_a_failed_hand_off_of_a_cancel_raises_and_cancelling_again_hands_it_off_again(
+def test_a_cancel_of_a_task_that_may_be_in_flight_answers_after_the_settle_time_once_for_many(
     store: SqliteTaskStore
 ) -> None:
+    slept: list[float] = []
+    now = int(time.time() * 1000)  # the store marks by the wall clock
     handoff = RecordingHandoff()
-    client = Client(store, tenant="board", handoff=handoff, now_ms=lambda: NOW_MS)
+    client = Client(store, tenant="board", handoff=handoff, now_ms=lambda: now, sleep=slept.append)
+    soon = [client.submit("sms", delay=30) for _ in range(3)]
+    far = client.submit("sms", delay=3600)
+    assert client.cancel(far) is CancelOutcome.CANCELLED and slept == []  # in no wheel yet: definite at once
+    assert client.cancel_many(soon) == dict.fromkeys(soon, CancelOutcome.CANCELLED)
+    assert slept == [cancels.SETTLE_MS / 1000]  # once for the three
+    assert client.cancel(TaskId.new(now), "board") is CancelOutcome.NOT_FOUND and len(slept) == 1
+    assert handoff.cancelled_ids == soon  # and the dispatcher is told, so it need not publish them
+
+
+def test_a_failed_hand_off_of_a_cancel_is_logged_not_raised_since_the_workers_skip_the_task_anyway(
+    store: SqliteTaskStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    slept: list[float] = []
+    handoff = RecordingHandoff()
+    client = Client(store, tenant="board", handoff=handoff, sleep=slept.append)
     task_id = client.submit("sms", delay=30)
     handoff.fail = True
-    with pytest.raises(HandoffFailed, match="cancelled in the store"):
-        client.cancel(task_id)
-    handoff.fail = False
-    assert client.cancel(task_id) is CancelOutcome.ALREADY_CANCELLED
-    assert handoff.cancelled_ids == [task_id]
+    assert client.cancel(task_id) is CancelOutcome.CANCELLED
+    assert slept == [cancels.SETTLE_MS / 1000]
+    assert "the workers skip it all the same" in caplog.text
+    assert store.read_cancel_marks().counts[task_id.shard(store.shard_count)] == 1
+
+
+def test_a_client_without_a_hand_off_refuses_a_keyed_task_due_longer_ago_than_dispatchers_look_back(
+    store: SqliteTaskStore
+) -> None:
+    bare = Client(store, tenant="board", now_ms=lambda: NOW_MS)
+    at = datetime.fromtimestamp((NOW_MS - LATE_WRITE_LIMIT_MS + 1) / 1000, timezone.utc)
+    assert bare.submit("hold", run_at=at, idempotency_key="order-7")  # within the look-back: found by a sweep
+    too_old = datetime.fromtimestamp((NOW_MS - LATE_WRITE_LIMIT_MS - 1) / 1000, timezone.utc)
+    with pytest.raises(InvalidTask, match="scheduler.connect"):
+        bare.submit("hold", run_at=too_old, idempotency_key="order-8")
+    assert bare.submit("sms", run_at=too_old)  # without a key a past run_at means now
+    handed = Client(store, tenant="board", handoff=RecordingHandoff(), now_ms=lambda: NOW_MS)
+    assert handed.submit("hold", run_at=too_old, idempotency_key="order-8")  # the hand-off fires it
 
 
 def test_a_slow_stream_is_written_without_waiting_for_a_full_chunk(store: SqliteTaskStore) -> None:
