@@ -54,7 +54,7 @@ from typing import Any
 from scheduler import handoff
 from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
-from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS, FireBatch, OwnedShard, Row, rows_from, slice_floor
+from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS, FireBatch, OwnedShard, Row, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError, StoreUnavailable
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.fairness.limits import Limits
@@ -619,11 +619,10 @@ class Dispatcher:
         return floor < max(owned.persisted_ms, self._advance_target.get(shard, owned.persisted_ms))
 
     def _cursor(self, owned: OwnedShard) -> int:
-        """How far the shard's cursor may move: never past a task waiting in the gate (cut
-        down to a slice boundary, as `OwnedShard.cursor_candidate` is)."""
+        """How far the shard's cursor may move: never past a task waiting in the gate."""
         through = owned.cursor_candidate()
         floor = self.gate.floor(owned.shard)
-        return through if floor is None else min(through, slice_floor(floor))
+        return through if floor is None else min(through, floor)
 
     def _holds(self, shard: int, token: int) -> bool:
         owned = self.shards.get(shard)

@@ -68,6 +68,18 @@ class SeenRecord:
         record = self._slices.get(k)
         return 0 if record is None else len(record) // KEY_BYTES
 
+    def count_between(self, k: int, after_ms: int, through_ms: int) -> int:
+        """How many keys of slice `k` have `after_ms < run_at <= through_ms` (a scan of
+        the slice only when the range cuts it)."""
+        record = self._slices.get(k)
+        if not record:
+            return 0
+        if after_ms < k * 1000 and through_ms >= k * 1000 + 999:
+            return len(record) // KEY_BYTES
+        data = bytes(record)
+        return sum(1 for at in range(0, len(data), KEY_BYTES)
+                   if after_ms < int.from_bytes(data[at:at + 8], "big") <= through_ms)
+
     def __contains__(self, item: tuple[int, bytes]) -> bool:
         """`(slice, packed key)` handled already?"""
         k, packed = item

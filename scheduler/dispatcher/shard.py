@@ -42,23 +42,23 @@ The cursor
 `fired_through`, the cursor written to the store, promises that every row at or before
 it was handled, as the store held it at the shard's last look; it is the least of
 
-- `looked_through_ms`: every slice up to here had its second look;
 - `loaded_through_ms`, `verified_through_ms`: read, and counted before firing;
 - `flushed_through_ms`: the wheel fired through here and the queue acknowledged it;
 - the earliest `run_at` of any batch fired and not yet acknowledged, and of anything
   that entered the wheel behind its frontier and has not fired yet (a late load, a
   hand-off into the past, what a look found): the cursor never passes a task the queue
-  has not acknowledged, whatever path brought it;
+  has not acknowledged, whatever path brought it.
 
-cut down to a slice boundary, so that a count per slice or per bucket "through the
-cursor" means the same to this owner and the next. With the cursor the owner writes
-`baselines`: for each bucket of the horizon, how many of its rows at or before the
-cursor it has handled. A new owner starts at the cursor and sweeps the buckets behind it
-against those counts; a bucket that holds more is read again and its rows that still
-need firing are fired (a late row, and possibly repeats of rows the old owner fired that
-no worker has reported on yet: duplicates, never loss). A task handed in behind the
-persisted cursor (into the past) holds the cursor's advance until the queue
-acknowledged it, since the cursor cannot move back below it.
+With the cursor the owner writes `baselines`: for each bucket of the horizon, how many
+of its rows at or before the cursor it has handled. A new owner starts at the cursor and
+sweeps the buckets behind it against those counts; a bucket that holds more is read
+again and its rows that still need firing are fired (a late row, and possibly repeats of
+rows the old owner fired that no worker has reported on yet: duplicates, never loss).
+That is why the cursor need not wait for the second look: what a look of the old owner
+would have found, the next owner's sweep finds, and a shard handed over in a rebalance
+is not fired twice for the second or so the looks lag. A task handed in behind the
+persisted cursor (into the past) holds the cursor's advance until the queue acknowledged
+it, since the cursor cannot move back below it.
 
 A slice is not fired before it is verified, unless its verification is later than
 `verify_grace_ms` past the slice's end: then it fires anyway (on time matters more than
@@ -93,7 +93,7 @@ DEFAULT_HORIZON_MS = 10 * BUCKET_MS
 """How far back the sweep looks for rows written late (see the module docstring)."""
 
 __all__ = ["Key", "OwnedShard", "Row", "FireBatch", "SLICE_MS", "LONG_TAG", "rows_from", "should_fire", "slice_of",
-           "slice_floor", "tag_for", "topic_tags"]
+           "tag_for", "topic_tags"]
 
 
 def slice_of(run_at_ms: int) -> int:
@@ -102,11 +102,6 @@ def slice_of(run_at_ms: int) -> int:
 
 def slice_end(k: int) -> int:
     return k * SLICE_MS + SLICE_MS - 1
-
-
-def slice_floor(ms: int) -> int:
-    """The end of the last whole slice at or before `ms`."""
-    return (ms + 1) // SLICE_MS * SLICE_MS - 1
 
 
 def tag_for(task: Task, long_types: frozenset[str]) -> int:
@@ -171,8 +166,8 @@ class OwnedShard:
     shard: int
     lease: Lease
     start_ms: int
-    """The cursor when the shard was taken (cut down to a slice boundary): everything at or
-    before it was handled before, as `inherited` counts it."""
+    """The cursor when the shard was taken: everything at or before it was handled before,
+    as `inherited` counts it."""
     shard_count: int
     long_types: frozenset[str] = frozenset()
     tick_ms: int = 100
@@ -230,8 +225,7 @@ class OwnedShard:
     def __post_init__(self) -> None:
         if SLICE_MS % self.tick_ms:
             raise ValueError(f"tick_ms must divide {SLICE_MS}, got {self.tick_ms}")
-        self.persisted_ms = self.start_ms  # as recorded: an advance must pass it
-        self.start_ms = slice_floor(self.start_ms)
+        self.persisted_ms = self.start_ms
         self.wheel = TimingWheel(start_ms=self.start_ms + 1, tick_ms=self.tick_ms)
         self.flushed_through_ms = self.start_ms
         self.loaded_through_ms = self.start_ms
@@ -498,9 +492,10 @@ class OwnedShard:
             if known is None:
                 return None
             base = known
-        first = max(slice_of(bucket), slice_of(self.start_ms) + 1)
-        last = slice_of(min(through_ms, bucket + BUCKET_MS - 1))
-        return base + sum(self.seen.count(k) for k in range(first, last + 1))
+        after = max(bucket - 1, self.start_ms)
+        through = min(through_ms, bucket + BUCKET_MS - 1)
+        seen = self.seen
+        return base + sum(seen.count_between(k, after, through) for k in range(slice_of(after + 1), slice_of(through) + 1))
 
     def sweep_due(self, now_ms: int) -> tuple[int, list[int]] | None:
         """If a sweep is due: the cursor it counts through (the persisted one) and the
@@ -673,12 +668,9 @@ class OwnedShard:
 
     def cursor_candidate(self) -> int:
         """How far the store's cursor may move now (see the module docstring)."""
-        through = min(self.looked_through_ms, self.flushed_through_ms, self.loaded_through_ms,
-                      self.verified_through_ms)
+        through = min(self.flushed_through_ms, self.loaded_through_ms, self.verified_through_ms)
         floor = self.unsettled_floor()
-        if floor is not None:
-            through = min(through, floor - 1)
-        return slice_floor(through)
+        return through if floor is None else min(through, floor - 1)
 
 
 def topic_tags(topics: dict[str, str]) -> dict[int, str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.dispatcher.shard import OwnedShard, rows_from, slice_of
+from scheduler.dispatcher.shard import OwnedShard, rows_from
 from scheduler.model import BUCKET_MS, Task, decode_message, minute_bucket
 from scheduler.ports import Lease, StoredTask, TaskStatus
 from tests.tasks import NINE_OCLOCK_MS, make_task
@@ -113,7 +113,6 @@ class World:
         assert not behind, f"the cursor {candidate} passed {len(behind)} fired, unacknowledged tasks"
         waiting = [run_at for run_at, _, _ in owner.wheel.items_in_slot(owner.wheel.fired_through_ms)]
         assert all(run_at > candidate for run_at in waiting), "the cursor passed a task waiting in the wheel"
-        assert candidate <= owner.looked_through_ms and slice_of(candidate + 1) * 1000 - 1 == candidate
 
 
 Op = tuple[str, int, int]
@@ -134,6 +133,8 @@ ops = st.lists(
 @example([("tick", 1000, 1)] * 3 + [("write", -2_500, 1), ("tick", 100, 0), ("tick", 900, 0)])  # a late hand-off's
 @example([("tick", 1000, 1)] * 3 + [("write", -900, 0), ("tick", 1000, 1), ("crash", 0, 0)])  # publish fails; a row
 # written just behind the frontier without a hand-off, then the owner dies
+@example([("tick", 1000, 1)] * 35 + [("write", -30_000, 0), ("tick", 500, 1), ("crash", 0, 0)])  # into the past:
+# only a sweep finds it, here the next owner's, against the counts written with the cursor
 def test_the_cursor_never_passes_an_unacknowledged_task_and_every_row_is_published_in_the_end(steps: list[Op]) -> None:
     world = World(now=T0 + 5_000)
     world.take()

@@ -143,9 +143,7 @@ def test_the_cursor_is_the_least_of_flushed_loaded_verified_and_looked() -> None
     assert state.cursor_candidate() == T0 - 1  # nothing flushed yet
     fired_ids(state, T0 + 5_900)
     assert state.slices_to_look(T0 + 5_900) == []  # a second look comes a second after the read began
-    assert state.cursor_candidate() == T0 - 1
-    look_all(state, T0 + 6_000)
-    assert state.cursor_candidate() == T0 + 4_999
+    assert state.cursor_candidate() == T0 + 4_999  # and the cursor need not wait for it (see baselines)
 
 
 def test_buckets_load_from_the_cursor_through_one_minute_ahead() -> None:
@@ -188,10 +186,17 @@ def test_rows_at_or_before_the_start_cursor_are_ignored() -> None:
     assert state.add_rows(rows) == 1
 
 
-def test_a_cursor_between_slice_boundaries_starts_at_the_slice_before_but_is_only_advanced_past() -> None:
+def test_counts_through_a_cursor_between_slice_boundaries_count_the_part_of_the_slice_on_each_side() -> None:
     state = owned(start_ms=T0 + 500)
-    assert state.start_ms == T0 - 1  # the slice 09:00:00 is handled again: counts are per slice
-    assert state.persisted_ms == T0 + 500  # but the store's cursor only moves forward from where it is
+    before, after = tasks_at(400, 600)
+    state.requested_buckets.add(T0)
+    assert state.handed_task(before)  # into the past, behind the start: fired, but a previous owner's to count
+    load(state, [after])
+    verify_all(state, T0 + 999)
+    fired_ids(state, T0 + 1_000)
+    state.baseline[T0] = 3  # what the previous owner handled at or before 09:00:00.500
+    assert state.expected(T0, T0 + 550) == 3
+    assert state.expected(T0, T0 + 600) == 4
 
 
 def test_a_count_is_compared_with_what_was_seen_when_it_was_asked_for() -> None:
@@ -340,14 +345,14 @@ def test_the_cursor_never_passes_a_batch_the_queue_has_not_acknowledged() -> Non
     assert state.cursor_candidate() == T0 + 4_999
     [late] = tasks_at(2_500)  # a late load, a hand-off into the past: behind every frontier
     state.handed_task(late)
-    assert state.cursor_candidate() == T0 + 1_999  # in the wheel, not fired: the cursor stays below it
+    assert state.cursor_candidate() == T0 + 2_499  # in the wheel, not fired: the cursor stays below it
     batch = state.fire(T0 + 7_000)  # fired, and the queue fails to acknowledge it
     assert batch.floor_ms == late.run_at_ms
     fired_ids(state, T0 + 7_100)
     look_all(state, T0 + 9_000)
-    assert state.cursor_candidate() == T0 + 1_999  # later batches acknowledged; this one is not
+    assert state.cursor_candidate() == T0 + 2_499  # later batches acknowledged; this one is not
     state.flushed(batch)
-    assert state.cursor_candidate() == T0 + 6_999
+    assert state.cursor_candidate() == T0 + 7_099
 
 
 def test_a_sweep_finds_a_row_written_into_the_past_and_fires_only_it() -> None:
