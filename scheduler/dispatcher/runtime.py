@@ -440,11 +440,12 @@ class Dispatcher:
             self._give_up_lease(lease)
             return
         start = state.fired_through_ms
+        never_fired = start is None
         if start is None:  # never fired: from the store's creation, when it says
             created = self.store.created_ms
             start = created - 1 if created is not None else self.clock() - self.config.first_lookback_ms
         baselines = None if state.baselines is None else dict(state.baselines)
-        self._post(partial(self._shard_started, lease, start, baselines))
+        self._post(partial(self._shard_started, lease, start, baselines, never_fired))
 
     def _retry_later(self, action: Callable[[], None], lease: Lease, delay_s: float = 1.0) -> None:
         def again() -> None:
@@ -632,7 +633,8 @@ class Dispatcher:
         owned = self.shards.get(shard)
         return owned if owned is not None and owned.token == token else None
 
-    def _shard_started(self, lease: Lease, start_ms: int, baselines: dict[int, int] | None = None) -> None:
+    def _shard_started(self, lease: Lease, start_ms: int, baselines: dict[int, int] | None = None,
+                       never_fired: bool = False) -> None:
         if self._stopping.is_set() or not self.coordinator.is_valid(lease):
             self._drop(lease.shard, "lease lost while starting", lease)
             return
@@ -641,7 +643,7 @@ class Dispatcher:
             shard=lease.shard, lease=lease, start_ms=start_ms, shard_count=self.shard_count,
             long_types=config.long_types, tick_ms=config.tick_ms, verify_grace_ms=config.verify_grace_ms,
             second_look_ms=config.second_look_ms, sweep_interval_ms=config.sweep_interval_ms,
-            horizon_ms=config.sweep_horizon_ms, inherited=baselines,
+            horizon_ms=config.sweep_horizon_ms, inherited=baselines, never_fired=never_fired,
         )
         try:
             self.handoff_reader.assign(lease.shard)

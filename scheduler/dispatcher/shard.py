@@ -179,8 +179,11 @@ class OwnedShard:
     horizon_ms: int = DEFAULT_HORIZON_MS
     inherited: dict[int, int] | None = None
     """The baselines read with the cursor: bucket -> rows at or before it handled by the
-    previous owners. None when the store records none (a shard never advanced, or advanced
-    by a version without them): every bucket behind the cursor is then unknown."""
+    previous owners. None when the store records none (a shard advanced by a version
+    without them): every bucket behind the cursor is then unknown."""
+    never_fired: bool = False
+    """Nobody ever held the shard (the store records no cursor): nothing at or before the
+    start was handled, so every bucket behind it counts from zero (a row found there fires)."""
     wheel: TimingWheel = field(init=False)
     flushed_through_ms: int = field(init=False)
     loaded_through_ms: int = field(init=False)
@@ -232,7 +235,10 @@ class OwnedShard:
         self.verified_through_ms = self.start_ms
         self.looked_through_ms = self.start_ms
         for bucket in range(minute_bucket(self.start_ms - self.horizon_ms), self.start_ms + 1, BUCKET_MS):
-            self.baseline[bucket] = None if self.inherited is None else self.inherited.get(bucket)
+            if self.never_fired:
+                self.baseline[bucket] = 0
+            else:
+                self.baseline[bucket] = None if self.inherited is None else self.inherited.get(bucket)
         # Shards spread their sweeps over the interval rather than all at once.
         self.next_sweep_ms = self.start_ms + (self.shard * 613) % max(self.sweep_interval_ms, 1)
 

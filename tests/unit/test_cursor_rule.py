@@ -46,7 +46,7 @@ class World:
         self.token += 1
         owner = OwnedShard(shard=SHARD, lease=Lease(SHARD, self.token, 1), start_ms=self.persisted,
                            shard_count=SHARDS, horizon_ms=5 * BUCKET_MS, sweep_interval_ms=3_000,
-                           inherited=self.baselines)
+                           inherited=self.baselines, never_fired=self.owner is None)
         self.owner = owner
         self.pending = []
         return owner

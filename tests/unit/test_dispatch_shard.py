@@ -441,3 +441,12 @@ def test_a_hand_off_for_a_bucket_whose_read_failed_is_kept() -> None:
     state.bucket_failed(T0 + BUCKET_MS, retry_at_ms=T0 + 2_000)
     assert state.handed_task(task)  # before: dropped while the read waited to be asked again
     assert T0 + BUCKET_MS in state.buckets_to_load(T0 + 2_000, BUCKET_MS)
+
+
+def test_a_shard_never_fired_before_knows_nothing_was_handled_behind_its_start() -> None:
+    fresh = OwnedShard(shard=1, lease=Lease(1, TOKEN, 1), start_ms=T0 + 59_999, shard_count=SHARDS, never_fired=True)
+    fresh.persisted_ms = T0 + 59_999
+    assert fresh.baselines(T0 + 60_000, T0 + 59_999)[T0] == 0  # so a next owner is not left guessing
+    fresh.next_sweep_ms = 0
+    through, buckets = fresh.sweep_due(T0 + 61_000) or (0, [])
+    assert fresh.swept(through, buckets, {T0: 1}) == [T0]  # a row there was written behind it: fire it

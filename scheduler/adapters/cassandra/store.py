@@ -43,6 +43,7 @@ queries are best all in flight at once).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -92,6 +93,18 @@ from scheduler.ports import (
     refusal_to_cancel,
 )
 from scheduler.settings import CassandraSettings
+
+
+class _CountBucketsWarning(logging.Filter):
+    """Cassandra warns of every aggregate over several partitions; `count_buckets` sends
+    one by design (a few partitions of one shard, once per shard per sweep), so that
+    warning is dropped rather than logged several times a second."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Aggregation query used on multiple partition keys" not in record.getMessage()
+
+
+logging.getLogger("cassandra.protocol").addFilter(_CountBucketsWarning())
 
 DEFAULT_BATCH_ROWS = 250
 _CONDITION_ROUNDS = 5
