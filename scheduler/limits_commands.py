@@ -15,7 +15,9 @@ import click
 
 from scheduler import wiring
 from scheduler.cli import Exit, backend_settings, cli, store_options
+from scheduler.errors import InvalidTask
 from scheduler.fairness.limits import Limits, LimitsError, TenantLimits, check_cap, check_rate, check_weight
+from scheduler.model import check_name
 
 
 @cli.group()
@@ -88,8 +90,11 @@ def limits_set(tenant: str | None, is_default: bool, is_global: bool, weight: st
     """
     if [tenant is not None, is_default, is_global].count(True) != 1:
         raise click.UsageError("name what to set: one of --tenant NAME, --default or --global")
-    if tenant is not None and not tenant:
-        raise click.BadParameter("a tenant is a non-empty name", param_hint="--tenant")
+    if tenant is not None:
+        try:
+            check_name("tenant", tenant)  # the rule every task's tenant follows
+        except InvalidTask as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
     if weight is None and cap is None and rate is None:
         raise click.UsageError("nothing to set: give at least one of --weight, --cap and --rate")
     if is_global and (weight is not None or cap is not None):

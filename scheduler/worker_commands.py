@@ -43,7 +43,8 @@ from scheduler.worker.runtime import CHECKS
               envvar="SCHEDULER_WORKER_CHECK", show_envvar=True,
               help="Which messages are checked against their task's stored status before running: "
                    "suspect (those that can be repeats: retries, backlog, just after a rebalance), always, "
-                   "never.")
+                   "never. Cancels are honoured whatever this says (a cancel's shard mark makes its messages "
+                   "checked).")
 @click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep a JSON document of this worker's counters here (rewritten every second).")
 @click.option("--log-level", "log_level", default="info", show_default=True,

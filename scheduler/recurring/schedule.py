@@ -25,7 +25,7 @@ import mmh3
 import msgpack
 
 from scheduler.errors import InvalidSchedule, InvalidTask
-from scheduler.model import MAX_ATTEMPTS_LIMIT, Priority, encode_payload, valid_max_attempts
+from scheduler.model import MAX_ATTEMPTS_LIMIT, Priority, check_name, encode_payload, valid_max_attempts
 from scheduler.recurring.cron import NEVER_MS, CronRule
 
 MAX_NAME_CHARS = 200
@@ -140,6 +140,11 @@ def new_schedule(
             raise InvalidSchedule(f"a schedule needs a {what}: a non-empty string")
     if len(name) > MAX_NAME_CHARS:
         raise InvalidSchedule(f"a schedule name is at most {MAX_NAME_CHARS} characters, got {len(name)}")
+    for what, text in (("tenant", tenant), ("type", type)):  # every run is a task with these: the task's rule
+        try:
+            check_name(what, text)
+        except InvalidTask as exc:
+            raise InvalidSchedule(str(exc)) from None
     rule = CronRule(cron, zone)
     policy = MisfirePolicy.parse(misfire)
     if isinstance(grace_s, bool) or not isinstance(grace_s, int) or not 0 <= grace_s <= MAX_GRACE_S:

@@ -136,7 +136,7 @@ BAD_INPUT = [
     (["--tenant", "college"], "nothing to set"),
     (["--weight", "3"], "one of --tenant NAME, --default or --global"),
     (["--tenant", "college", "--default", "--weight", "3"], "one of --tenant NAME, --default or --global"),
-    (["--tenant", "", "--weight", "3"], "a tenant is a non-empty name"),
+    (["--tenant", "", "--weight", "3"], "a task needs a tenant: a non-empty string"),
 ]
 
 
@@ -162,3 +162,12 @@ def test_bad_input_opens_no_store(tmp_path: Path) -> None:
 def test_reset_needs_a_tenant(tmp_path: Path) -> None:
     result = run(tmp_path / "tasks.db", "reset")
     assert result.exit_code == Exit.USAGE and "--tenant" in result.output
+
+
+def test_a_tenant_name_no_task_could_carry_is_refused_with_nothing_written(tmp_path: Path) -> None:
+    for bad in ("x" * 101, "board\nfinance", "   "):
+        result = CliRunner().invoke(cli, ["limits", "set", "--tenant", bad, "--weight", "3", "--db",
+                                          str(tmp_path / "tasks.db")])
+        assert result.exit_code == 2, result.output
+        assert "tenant" in result.output
+    assert not (tmp_path / "tasks.db").exists()

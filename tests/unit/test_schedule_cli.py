@@ -66,6 +66,8 @@ def test_add_list_pause_resume_delete(tmp_path: Path) -> None:
     (("--grace", "-1"), "grace window"),
     (("--payload", "{nope"), "payload is not JSON"),
     (("--max-attempts", "0"), "max attempts"),
+    (("--tenant", "c" * 101), "at most 100 characters"),  # every run would be a task no one can submit
+    (("--type", "report\nnightly"), "type"),
 ])
 def test_bad_input_is_exit_2_with_the_reason_and_nothing_written(tmp_path: Path, flags: tuple[str, str],
                                                                  message: str) -> None:
