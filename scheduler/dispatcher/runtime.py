@@ -1111,6 +1111,7 @@ class Dispatcher:
             "tokens": {str(shard): owned.token for shard, owned in sorted(self.shards.items())},
             "waiting": waiting,
             "wheel_bytes": wheel_bytes,
+            "seen_bytes": sum(owned.seen.nbytes for owned in self.shards.values()),
             "gate_waiting": self.gate.waiting,
             "tenants": self.gate.snapshot(),
             "stats": self.stats.__dict__,
