@@ -70,6 +70,8 @@ def task_in(shard: int, run_at_ms: int, *, tenant: str = "board") -> Task:
 
 Failing = Callable[[list[Task], int], bool]
 """(the tasks of a flush, the dispatcher's clock) -> whether the flush fails."""
+LettersFailing = Callable[[list[bytes], int], bool]
+"""(the dead letters of a flush, the dispatcher's clock) -> whether the flush fails."""
 
 
 class FlakyPublisher:
@@ -78,10 +80,13 @@ class FlakyPublisher:
     message the queue acknowledged with the dispatcher's clock at that moment, and what
     it refused."""
 
-    def __init__(self, inner: Publisher, clock: Callable[[], int], failing: Failing | None = None) -> None:
+    def __init__(self, inner: Publisher, clock: Callable[[], int], failing: Failing | None = None,
+                 letters_failing: LettersFailing | None = None) -> None:
         self.inner = inner
         self.clock = clock
         self.failing: Failing = failing if failing is not None else (lambda tasks, now: False)
+        self.letters_failing: LettersFailing = letters_failing if letters_failing is not None else (
+            lambda letters, now: False)
         self._buffer: list[tuple[str, list[bytes], int | None]] = []
         self.acked: dict[TaskId, int] = {}
         """Task id -> when the queue first acknowledged it."""
@@ -98,8 +103,9 @@ class FlakyPublisher:
     def flush(self, timeout_s: float) -> None:
         buffer, self._buffer = self._buffer, []
         tasks = [decode_message(value).task for topic, values, _ in buffer if topic in READY for value in values]
+        letters = [value for topic, values, _ in buffer if topic not in READY for value in values]
         now = self.clock()
-        if self.failing(tasks, now):
+        if self.failing(tasks, now) or self.letters_failing(letters, now):
             self.failures += 1
             self.refused.update(task.id for task in tasks)
             raise QueueError("injected fault: the queue did not acknowledge the batch")
@@ -109,7 +115,7 @@ class FlakyPublisher:
         for task in tasks:
             self.acked.setdefault(task.id, now)
             self.sent.append((now, task))
-        self.letters += [value for topic, values, _ in buffer if topic not in READY for value in values]
+        self.letters += letters
 
     def close(self) -> None:
         self._buffer = []
@@ -120,8 +126,8 @@ class Rig:
     """One dispatcher on the embedded adapters under `directory`; see the module docstring."""
 
     def __init__(self, directory: Path, member: str, clock: ManualClock, coordinator_clock: SecondsClock, *,
-                 store: TaskStore | None = None, failing: Failing | None = None, inline_readers: bool = True,
-                 **config: Any) -> None:
+                 store: TaskStore | None = None, failing: Failing | None = None,
+                 letters_failing: LettersFailing | None = None, inline_readers: bool = True, **config: Any) -> None:
         self.clock = clock
         self._own_store = store is None
         self.store: TaskStore = store if store is not None else SqliteTaskStore(directory / "tasks.db",
@@ -129,7 +135,7 @@ class Rig:
         self.queue = SqliteQueue(directory / "queue.db", handoff_topic=KAFKA.handoff_topic)
         self.coordinator = SqliteCoordinator(directory / "coordinator.db", session_timeout_s=SESSION_S,
                                              clock=coordinator_clock, heartbeat=False)
-        self.publisher = FlakyPublisher(self.queue.publisher(), clock, failing)
+        self.publisher = FlakyPublisher(self.queue.publisher(), clock, failing, letters_failing)
         settings: dict[str, Any] = {"dead_letter_topic": KAFKA.dead_letter_topic, **config}
         self.dispatcher = Dispatcher(
             DispatcherConfig(member=member, **settings), store=self.store, coordinator=self.coordinator,

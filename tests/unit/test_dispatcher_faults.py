@@ -11,7 +11,9 @@ Later, rows are written around any hand-off behind the cursor, into slices that 
 cannot move back below them, so it must not move on either, nor write counts that call
 them handled. Then the dispatcher is abandoned without any shutdown (kill -9), or gives
 its shards back after `publish_give_up_s`, and a second dispatcher with a working queue
-publishes every task, the late ones too, none before its time.
+publishes every task, the late ones too, none before its time. Last, a row that is not a
+task among those the catch-up reads, whose dead letter the queue refuses: the cursor
+stays short of it until a next owner's letter is acknowledged.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ from typing import Any
 import pytest
 
 from scheduler.model import BUCKET_MS, Task, TaskId, minute_bucket
+from scheduler.ports import Delivery
+from scheduler.worker.dead_letters import UNREADABLE_ROW, DeadLetter, decode_record
+from tests.contract.test_task_store import write_unreadable_row
 from tests.dispatcher_rig import (
+    KAFKA,
     SESSION_S,
     SHARDS,
     Failing,
+    FlakyPublisher,
     ManualClock,
     Rig,
     SecondsClock,
@@ -223,4 +230,43 @@ def test_a_dispatcher_giving_up_mid_catch_up_gives_back_no_cursor_past_rows_wait
     assert not a.publisher.acked
     a.close()
     b = second_owner(tmp_path, clocks, rigs, a, tasks, [])
+    assert_all_published_in_time(a, b, tasks, [])
+
+
+def lettered(publisher: FlakyPublisher, task_id: TaskId) -> bool:
+    """Whether the queue acknowledged a dead letter of the row with `task_id`."""
+    letters = [decode_record(Delivery(KAFKA.dead_letter_topic, 0, 0, value, 0)) for value in publisher.letters]
+    return any(isinstance(letter, DeadLetter) and letter.task_id == task_id and letter.reason == UNREADABLE_ROW
+               for letter in letters)
+
+
+def test_an_unreadable_row_in_the_catch_up_holds_the_cursor_until_its_dead_letter_is_acknowledged(
+    tmp_path: Path, clocks: tuple[ManualClock, SecondsClock], rigs: list[Rig],
+) -> None:
+    clock, coordinator_clock = clocks
+    a = Rig(tmp_path, "a", clock, coordinator_clock, letters_failing=lambda letters, now: bool(letters))
+    rigs.append(a)
+    tasks = seed(a)
+    bad = task_in(0, PAST[1] + 30_500)
+    write_unreadable_row(a.store, bad)  # among the rows the catch-up reads late
+
+    def rule() -> None:
+        missed = passed_unacknowledged(a.store, tasks, a.publisher.acked)
+        assert not missed, f"at {clock.now_ms}, the cursor passed tasks the queue never acknowledged: {missed[:5]}"
+        cursor = a.store.read_shard(0).fired_through_ms or 0
+        assert cursor < bad.run_at_ms or lettered(a.publisher, bad.id), \
+            f"the cursor {cursor} passed the unreadable row before its dead letter was acknowledged"
+
+    a.checks.append(rule)
+    a.take()
+    a.pump_until(lambda: a.dispatcher.stats.bad_rows and a.publisher.failures, max_pumps=30,
+                 what="the unreadable row's dead letter to be refused")
+    for _ in range(30):
+        a.pump()
+    assert not lettered(a.publisher, bad.id)
+    a.kill()
+    coordinator_clock.now_s += SESSION_S + 1
+    b = second_owner(tmp_path, clocks, rigs, a, tasks, [])
+    assert lettered(b.publisher, bad.id), "the next owner did not dead-letter the row"
+    assert (b.store.read_shard(0).fired_through_ms or 0) > bad.run_at_ms
     assert_all_published_in_time(a, b, tasks, [])
