@@ -479,7 +479,8 @@ class Dispatcher:
                         rows = rows_from(chunk, token, owned.long_types) + bad
                         after = chunk[-1].task.run_at_ms
                         self._post(partial(self._rows_loaded, shard, token, rows, bucket, after))
-                        chunk, bad = [], []
+                        chunk = []
+                        bad.clear()  # the same list: the read's `on_bad_row` appends to it
                     chunk.append(stored)
                 rows = rows_from(chunk, token, owned.long_types) + bad
                 self._post(partial(self._rows_loaded, shard, token, rows, bucket, bucket + BUCKET_MS - 1, read_started))
@@ -853,6 +854,7 @@ class Dispatcher:
         self._read_handoffs()
         if self._pending and (now < self._retry_at_ms or not self._publish_pending()):
             self._check_give_up(now)
+            self._write_stats(now)  # an outage shows in the stats file while it lasts
             return
         polled = self._fire(now)
         if not self._pending:
