@@ -431,15 +431,16 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
 @click.option("--hold-timeout", "hold_timeout_s", type=click.FloatRange(1, 86_400), default=300.0, show_default=True,
               help="Seconds a released task of a capped tenant holds its place when no completion comes back "
                    "(its worker died and nothing ran it again). Set it above the longest task.")
-@click.option("--sweep-interval", "sweep_interval_s", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+@click.option("--sweep-interval", "sweep_interval_s", type=click.FloatRange(1, 600), default=20.0, show_default=True,
               envvar="SCHEDULER_SWEEP_INTERVAL_S", show_envvar=True,
-              help="Seconds between counts of each shard's look-back horizon, which find rows written behind the "
-                   "cursor (no hand-off, or into the past): such a row fires at most about this late.")
+              help="Seconds between counts of the last 90 s behind each shard's cursor, which find rows written "
+                   "there late with no hand-off: such a row fires about this long after it was written. Every "
+                   "sixth count covers the whole --sweep-horizon.")
 @click.option("--sweep-horizon", "sweep_horizon_s", type=click.FloatRange(360, 86_400), default=600.0,
               show_default=True, envvar="SCHEDULER_SWEEP_HORIZON_S", show_envvar=True,
-              help="How far back (seconds) the sweep looks. A row written without a hand-off more than this after "
-                   "its run_at is not found; the SDK hands such tasks off (scheduler.connect). Costs 24 bytes a task "
-                   "fired within it.")
+              help="How far back (seconds) the full sweep looks. A row written without a hand-off more than this "
+                   "after its run_at is not found; the SDK hands such tasks off (scheduler.connect). Costs 24 bytes "
+                   "a task fired within it.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
 @store_options

@@ -217,10 +217,12 @@ class TaskStore(Protocol):
         the store has more."""
         ...
 
-    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int,
+                      after_ms: int | None = None) -> dict[int, int]:
         """For each of `buckets` (minute buckets of `shard`), how many rows it holds with
-        `run_at <= through_ms`, cancelled ones included; buckets with none are left out.
-        One request for all: the dispatcher's sweep of its look-back horizon."""
+        `run_at <= through_ms` (and `run_at > after_ms` if given), cancelled ones
+        included; buckets with none are left out. One request for all: the dispatcher's
+        sweep behind its cursor."""
         ...
 
     def get(self, task_id: TaskId) -> StoredTask | None:

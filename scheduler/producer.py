@@ -38,10 +38,10 @@ the caller must know. `submit_many` holds a chunk with such a task at most
 
 Without a hand-off (a `Client` built around a store of your own) nothing is lost: a
 stored row is a promise, and the dispatchers find rows written behind their reads (a
-second count of every slice a second after it fired, and a sweep of the last minutes
-every 10 s; see `scheduler.dispatcher.shard`). Such a task fires late: by about 2 s
-after its time when written before it, and within about the sweep interval (10 s) when
-written after it. The one thing a hand-off is needed for is a task written more than
+second count of every slice a second after it fired, and sweeps behind the cursor;
+see `scheduler.dispatcher.shard`). Such a task fires late: by about 2 s after its time
+when written before it, within about 20 s when written up to a minute after it, and
+within about 2 minutes when written up to 10 minutes after it. The one thing a hand-off is needed for is a task written more than
 `LATE_WRITE_LIMIT_MS` (5 minutes) after its time, which only a keyed task can be: a
 client without a hand-off refuses those (`InvalidTask`).
 

@@ -54,7 +54,7 @@ from typing import Any
 from scheduler import handoff
 from scheduler.dispatcher import memory
 from scheduler.dispatcher.balance import plan
-from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS, FireBatch, OwnedShard, Row, rows_from
+from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS, FireBatch, OwnedShard, Row, Sweep, rows_from
 from scheduler.errors import InvalidMessage, QueueError, SchedulerError, StoreUnavailable
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.fairness.limits import Limits
@@ -113,8 +113,9 @@ class DispatcherConfig:
     verify_grace_ms: int = 1000
     second_look_ms: int = 1000
     """How long after a slice ends (or after its bucket was read) it is counted again."""
-    sweep_interval_ms: int = 10_000
-    """How often each shard's look-back horizon is counted, bucket by bucket."""
+    sweep_interval_ms: int = 20_000
+    """How often each shard counts the last 90 s behind its cursor; every sixth time, the
+    whole look-back horizon, bucket by bucket."""
     sweep_horizon_ms: int = DEFAULT_HORIZON_MS
     """How far back the sweep looks for rows written late."""
     dead_letter_topic: str | None = None
@@ -534,28 +535,29 @@ class Dispatcher:
             return
         self._post(partial(self._slice_reread, shard, token, k, rows, look))
 
-    def _sweep(self, owned: OwnedShard, through_ms: int, buckets: list[int]) -> None:
-        """Count the buckets of the look-back horizon behind the cursor, in one request."""
+    def _sweep(self, owned: OwnedShard, sweep: Sweep) -> None:
+        """Count what the sweep covers behind the cursor, in one request."""
         token, shard = owned.token, owned.shard
         try:
-            counts = self.store.count_buckets(shard, buckets, through_ms)
+            counts = self.store.count_buckets(shard, sweep.buckets, sweep.through_ms, sweep.after_ms)
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("the sweep of shard %d failed: %s", shard, exc, extra={"action": "sweep_failed"})
             self._post(partial(self._sweep_failed, shard, token))
             return
-        self._post(partial(self._swept, shard, token, through_ms, buckets, counts))
+        self._post(partial(self._swept, shard, token, sweep, counts))
 
-    def _reread_bucket(self, owned: OwnedShard, bucket: int, through_ms: int) -> None:
+    def _reread_bucket(self, owned: OwnedShard, bucket: int, sweep: Sweep) -> None:
         token, shard = owned.token, owned.shard
+        after = bucket - 1 if sweep.after_ms is None else max(bucket - 1, sweep.after_ms)
         try:
-            rows = self._read_rows(owned, bucket - 1, min(through_ms, bucket + BUCKET_MS - 1))
+            rows = self._read_rows(owned, after, min(sweep.through_ms, bucket + BUCKET_MS - 1))
         except SchedulerError as exc:
             self.stats.store_failures += 1
             log.warning("re-reading bucket %d of shard %d failed: %s; the next sweep tries again", bucket, shard, exc,
                         extra={"action": "reread_failed"})
             return
-        self._post(partial(self._bucket_reread, shard, token, bucket, rows))
+        self._post(partial(self._bucket_reread, shard, token, bucket, rows, sweep.after_ms is None))
 
     def _advance(self, shard: int, lease: Lease, through_ms: int, baselines: dict[int, int]) -> None:
         try:
@@ -717,24 +719,24 @@ class Dispatcher:
         if owned is not None:  # asked again a little later
             owned.slice_failed(k, self.clock() + int(500 + 1000 * random.random()), look=look)
 
-    def _swept(self, shard: int, token: int, through_ms: int, buckets: list[int], counts: dict[int, int]) -> None:
+    def _swept(self, shard: int, token: int, sweep: Sweep, counts: dict[int, int]) -> None:
         owned = self._current(shard, token)
         if owned is None:
             return
         self.stats.sweeps += 1
-        for bucket in owned.swept(through_ms, buckets, counts):
+        for bucket in owned.swept(sweep, counts):
             self.stats.buckets_reread += 1
-            self._submit(self._readers, self._reread_bucket, owned, bucket, through_ms)
+            self._submit(self._readers, self._reread_bucket, owned, bucket, sweep)
 
     def _sweep_failed(self, shard: int, token: int) -> None:
         owned = self._current(shard, token)
         if owned is not None:
             owned.sweep_failed(self.clock() + int(1000 + 1000 * random.random()))
 
-    def _bucket_reread(self, shard: int, token: int, bucket: int, rows: list[Row]) -> None:
+    def _bucket_reread(self, shard: int, token: int, bucket: int, rows: list[Row], whole: bool = True) -> None:
         owned = self._current(shard, token)
         if owned is not None:
-            added = owned.bucket_reread(bucket, rows)
+            added = owned.bucket_reread(bucket, rows, whole=whole)
             self.stats.rows_swept += added
             if added:
                 log.warning("bucket %d of shard %d held %d tasks behind the cursor that were never fired; firing "
@@ -1048,7 +1050,7 @@ class Dispatcher:
             sweep = owned.sweep_due(now)
             if sweep is not None:
                 owned.forget(now)
-                self._submit(self._readers, self._sweep, owned, *sweep,
+                self._submit(self._readers, self._sweep, owned, sweep,
                              on_error=partial(self._post, partial(self._sweep_failed, shard, token)))
 
     def _advance_cursors(self, now: int) -> None:

@@ -536,6 +536,9 @@ def test_buckets_are_counted_through_a_cursor_in_one_request(store: TaskStore) -
     through = sorted(task.run_at_ms for task in third)[1]
     assert store.count_buckets(2, buckets, through) == {buckets[0]: 3, buckets[2]: 2}
     assert store.count_buckets(2, [], through) == {}
+    after = sorted(task.run_at_ms for task in first)[0]  # a range: only what is after the first
+    assert store.count_buckets(2, buckets, through, after) == {buckets[0]: 2, buckets[2]: 2}
+    assert store.count_buckets(2, buckets, through, through) == {}
 
 
 def test_baselines_are_written_with_the_cursor_and_kept_when_none_are_given(store: TaskStore) -> None:

@@ -78,11 +78,14 @@ class World:
                 owner.slice_reread(k, rows_from(rows, owner.token, frozenset()), look=True)
         sweep = owner.sweep_due(now)
         if sweep is not None:
-            through, buckets = sweep
-            counts = {b: len(self.stored(b, b - 1, through)) for b in buckets}
-            for bucket in owner.swept(through, buckets, {b: n for b, n in counts.items() if n}):
-                owner.bucket_reread(bucket, rows_from(self.stored(bucket, bucket - 1, through), owner.token,
-                                                      frozenset()))
+            def within(bucket: int) -> list[StoredTask]:
+                after = bucket - 1 if sweep.after_ms is None else max(bucket - 1, sweep.after_ms)
+                return self.stored(bucket, after, sweep.through_ms)
+
+            counts = {b: len(within(b)) for b in sweep.buckets}
+            for bucket in owner.swept(sweep, {b: n for b, n in counts.items() if n}):
+                owner.bucket_reread(bucket, rows_from(within(bucket), owner.token, frozenset()),
+                                    whole=sweep.after_ms is None)
         batch = owner.fire(now)
         for values in batch.by_tag.values():
             for value in values:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.dispatcher.shard import SLICE_MS, OwnedShard, Row, rows_from, should_fire, tag_for
+from scheduler.dispatcher.shard import SLICE_MS, OwnedShard, Row, Sweep, rows_from, should_fire, tag_for
 from scheduler.model import BUCKET_MS, Priority, Task, decode_message
 from scheduler.ports import Lease, StoredTask, TaskStatus
 from tests.tasks import NINE_OCLOCK_MS, make_task
@@ -364,20 +364,38 @@ def test_a_sweep_finds_a_row_written_into_the_past_and_fires_only_it() -> None:
     assert len(fired_ids(state, T0 + 59_999)) == 2
     state.persisted_ms = T0 + 59_999
     state.next_sweep_ms = 0
-    sweep = state.sweep_due(T0 + 70_000)
-    assert sweep == (T0 + 59_999, [T0 - 4 * BUCKET_MS, T0 - 3 * BUCKET_MS, T0 - 2 * BUCKET_MS, T0 - BUCKET_MS, T0])
+    sweep = state.sweep_due(T0 + 70_000)  # the first one counts the whole horizon
+    assert sweep == Sweep(T0 + 59_999, [T0 - 4 * BUCKET_MS, T0 - 3 * BUCKET_MS, T0 - 2 * BUCKET_MS,
+                                        T0 - BUCKET_MS, T0], None)
     assert state.sweep_due(T0 + 70_001) is None  # one at a time
-    through, buckets = sweep
-    assert state.swept(through, buckets, {T0: 2}) == []  # nothing new: no read
+    assert state.swept(sweep, {T0: 2}) == []  # nothing new: no read
     [written_late] = tasks_at(15_000)  # e.g. a keyed task due 09:00:15 submitted at 09:01:10, no hand-off
     state.next_sweep_ms = 0
-    through, buckets = state.sweep_due(T0 + 80_000) or (0, [])
-    assert state.swept(through, buckets, {T0: 3}) == [T0]
+    recent = state.sweep_due(T0 + 80_000)
+    assert recent == Sweep(T0 + 59_999, [T0], T0 - 1)  # the next ones, the last 90 s behind the cursor
+    assert state.swept(recent, {T0: 3}) == [T0]
     rows = rows_from([StoredTask(t, TaskStatus.SCHEDULED) for t in (first, written_late, second)], TOKEN,
                      state.long_types)
-    assert state.bucket_reread(T0, rows) == 1
+    assert state.bucket_reread(T0, rows, whole=False) == 1
     assert fired_ids(state, T0 + 80_000) == [written_late.id.bytes]
-    assert state.expected(T0, through) == 3
+    assert state.expected(T0, recent.through_ms) == 3
+
+
+def test_a_recent_sweep_counts_the_last_90_seconds_and_every_sixth_the_whole_horizon() -> None:
+    state = owned(start_ms=T0 - 1)
+    state.persisted_ms = T0 + 5 * BUCKET_MS
+    kinds = []
+    for n in range(13):
+        state.next_sweep_ms = 0
+        sweep = state.sweep_due(T0 + 5 * BUCKET_MS + 10_000 + n)
+        assert sweep is not None
+        kinds.append(sweep.after_ms is None)
+        state.swept(sweep, {})
+    assert kinds == [True] + [False] * 6 + [True] + [False] * 5
+    state.next_sweep_ms = 0
+    recent = state.sweep_due(T0 + 6 * BUCKET_MS)
+    assert recent == Sweep(T0 + 5 * BUCKET_MS, [T0 + 3 * BUCKET_MS, T0 + 4 * BUCKET_MS, T0 + 5 * BUCKET_MS],
+                           T0 + 5 * BUCKET_MS - 90_000)
 
 
 def test_a_new_owner_sweeps_against_the_counts_written_with_the_cursor() -> None:
@@ -395,22 +413,24 @@ def test_a_new_owner_sweeps_against_the_counts_written_with_the_cursor() -> None
     assert new.expected(T0, T0 + 59_999) == 2
     [late] = tasks_at(30_000)  # written after the old owner's last look, before the new owner's first
     new.next_sweep_ms = 0
-    through, buckets = new.sweep_due(T0 + 70_000) or (0, [])
-    assert new.swept(through, buckets, {T0: 3}) == [T0]
+    sweep = new.sweep_due(T0 + 70_000)
+    assert sweep is not None and sweep.after_ms is None  # a new owner's first sweep counts the whole horizon
+    assert new.swept(sweep, {T0: 3}) == [T0]
     stored = [StoredTask(done, TaskStatus.DONE, 1), StoredTask(late, TaskStatus.SCHEDULED),
               StoredTask(queued, TaskStatus.SCHEDULED)]
     # The new owner cannot tell `queued` (fired by the old owner, no report yet) from `late`: both fire.
     assert new.bucket_reread(T0, rows_from(stored, TOKEN, new.long_types)) == 2
     assert sorted(fired_ids(new, T0 + 70_000)) == sorted([late.id.bytes, queued.id.bytes])
-    assert new.swept(through, buckets, {T0: 3}) == []  # and once read, the bucket matches again
+    assert new.swept(sweep, {T0: 3}) == []  # and once read, the bucket matches again
 
 
 def test_a_bucket_behind_a_cursor_without_counts_is_read_if_it_holds_any_row() -> None:
     state = owned(start_ms=T0 + 59_999)  # inherited None: written by a version without baselines
     state.next_sweep_ms = 0
-    through, buckets = state.sweep_due(T0 + 70_000) or (0, [])
-    assert state.swept(through, buckets, {T0: 1}) == [T0]
-    assert state.expected(T0 - BUCKET_MS, through) == 0  # an empty one is known from now on
+    sweep = state.sweep_due(T0 + 70_000)
+    assert sweep is not None
+    assert state.swept(sweep, {T0: 1}) == [T0]
+    assert state.expected(T0 - BUCKET_MS, sweep.through_ms) == 0  # an empty one is known from now on
 
 
 def test_an_unreadable_row_is_dead_lettered_once_counts_as_handled_and_the_shard_goes_on() -> None:
@@ -448,5 +468,6 @@ def test_a_shard_never_fired_before_knows_nothing_was_handled_behind_its_start()
     fresh.persisted_ms = T0 + 59_999
     assert fresh.baselines(T0 + 60_000, T0 + 59_999)[T0] == 0  # so a next owner is not left guessing
     fresh.next_sweep_ms = 0
-    through, buckets = fresh.sweep_due(T0 + 61_000) or (0, [])
-    assert fresh.swept(through, buckets, {T0: 1}) == [T0]  # a row there was written behind it: fire it
+    sweep = fresh.sweep_due(T0 + 61_000)
+    assert sweep is not None
+    assert fresh.swept(sweep, {T0: 1}) == [T0]  # a row there was written behind it: fire it

@@ -357,10 +357,15 @@ class CassandraTaskStore:
         row = self._execute(statement).one()
         return int(row[0]) if row is not None else 0
 
-    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int,
+                      after_ms: int | None = None) -> dict[int, int]:
         if not buckets:
             return {}
-        statement = self._q["count_buckets"].bind(([from_ms(bucket) for bucket in buckets], shard, from_ms(through_ms)))
+        moments = [from_ms(bucket) for bucket in buckets]
+        if after_ms is None:
+            statement = self._q["count_buckets"].bind((moments, shard, from_ms(through_ms)))
+        else:
+            statement = self._q["count_buckets_after"].bind((moments, shard, from_ms(after_ms), from_ms(through_ms)))
         return {to_ms(_utc(bucket)): int(count) for bucket, count in self._execute(statement) if count}
 
     def get(self, task_id: TaskId) -> StoredTask | None:

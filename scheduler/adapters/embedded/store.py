@@ -275,14 +275,15 @@ class SqliteTaskStore:
         )
         return int(rows[0][0])
 
-    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int) -> dict[int, int]:
+    def count_buckets(self, shard: int, buckets: Sequence[int], through_ms: int,
+                      after_ms: int | None = None) -> dict[int, int]:
         if not buckets:
             return {}
         marks = ", ".join("?" * len(buckets))
         rows = self._read(
             f"SELECT minute_bucket, count(*) FROM tasks WHERE minute_bucket IN ({marks}) AND shard = ? "
-            "AND run_at <= ? GROUP BY minute_bucket",
-            [*buckets, shard, through_ms],
+            "AND run_at > ? AND run_at <= ? GROUP BY minute_bucket",
+            [*buckets, shard, -1 if after_ms is None else after_ms, through_ms],
         )
         return {int(bucket): int(count) for bucket, count in rows if count}
 
