@@ -547,8 +547,10 @@ class OwnedShard:
             first, after = minute_bucket(now_ms - self.horizon_ms), None
         else:
             self.sweeps_to_full -= 1
-            after = max(through - RECENT_SWEEP_MS, self.start_ms)
+            after = through - RECENT_SWEEP_MS
             first = minute_bucket(after + 1)
+            if after < self.start_ms:  # reaching behind the start: whole buckets, which the inherited counts cover
+                after = None
         last = minute_bucket(through)
         if last < first or (after is not None and after >= through):
             return None
