@@ -42,7 +42,10 @@ class Store:
     def count_partition(self, *args: Any, **kwargs: Any) -> int:
         return 0
 
-    def advance_shard(self, shard: int, token: int, through: int) -> bool:
+    def count_buckets(self, *args: Any, **kwargs: Any) -> dict[int, int]:
+        return {}
+
+    def advance_shard(self, shard: int, token: int, through: int, baselines: dict[int, int] | None = None) -> bool:
         self.advanced.append((shard, through))
         return True
 
@@ -117,7 +120,7 @@ def test_a_handed_off_task_behind_the_cursor_keeps_its_hand_off_record_while_it_
     assert rig.reader.committed.get(0, 0) <= 41, "the record of the waiting task must be read again by a new owner"
     rig.dispatcher._give_back(0)
     assert rig.reader.committed.get(0, 0) <= 41
-    assert all(through < late.run_at_ms for _, through in rig.store.advanced)
+    assert rig.store.advanced == []  # no cursor written: it cannot move back below the task waiting behind it
     # once it is out, the position moves on
     rig2 = Rig()
     rig2.dispatcher._limits_loaded(Limits(tenants={"slow": TenantLimits(rate=4)}))
@@ -168,3 +171,19 @@ def test_limits_that_cannot_be_read_at_start_stop_the_dispatcher_before_it_joins
     with pytest.raises(StoreUnavailable, match="limits could not be read"):
         rig.dispatcher.load_limits(attempts=2)
     assert store.reads == 2
+
+
+def test_the_hand_off_writers_clocks_are_measured_from_the_records_stamps(caplog: pytest.LogCaptureFixture) -> None:
+    rig = Rig()
+    rig.hold(2, NOW - 1)
+    ahead, behind = task_of(2, NOW + 10_000), task_of(2, NOW + 20_000)
+    rig.reader.pending = [HandoffRecord(2, 0, handoff.encode_task(ahead), NOW + 5_000),  # a clock 5 s ahead
+                          HandoffRecord(2, 1, handoff.encode_task(behind), NOW - 2_000)]
+    rig.dispatcher._tick()
+    stats = rig.dispatcher.stats
+    assert stats.handoff_clock_ahead == 1
+    assert "5000 ms ahead of this dispatcher's clock" in caplog.text
+    rig.now += 61_000  # the window closes: its least lag is the clock ahead's
+    rig.reader.pending = [HandoffRecord(2, 2, handoff.encode_task(task_of(2, NOW + 90_000)), NOW + 61_000)]
+    rig.dispatcher._tick()
+    assert stats.handoff_min_lag_ms == -5_000
