@@ -225,6 +225,9 @@ class OwnedShard:
     read_at_ms: dict[int, int] = field(default_factory=dict)
     """bucket -> when its read began: its slices' second looks come after that."""
     seen: SeenRecord = field(default_factory=SeenRecord)
+    unfired_slices: set[int] = field(default_factory=set)
+    """Slices with rows read as not to fire: every entry of theirs is looked up when it
+    fires, so that the record never holds a row twice (its counts are exact)."""
     baseline: dict[int, int | None] = field(default_factory=dict)
     """bucket -> rows at or before `start_ms` handled (None: unknown); see `expected`."""
     counting: dict[int, int] = field(default_factory=dict)
@@ -378,8 +381,13 @@ class OwnedShard:
         self.counting[k] = len(self.slice_keys(k))
 
     def ask_look(self, k: int) -> None:
-        """A second look at slice `k` goes out now."""
-        self.looking[k] = len(self.slice_keys(k))
+        """A second look at slice `k` goes out now. A slice fired whole, with nothing
+        waiting behind the wheel's frontier, is all in the record: its count is kept there
+        (no unpacking of its keys)."""
+        if slice_end(k) <= self.wheel.fired_through_ms and self.overdue_floor_ms is None and k * SLICE_MS > self.start_ms:
+            self.looking[k] = self.seen.count(k)
+        else:
+            self.looking[k] = len(self.slice_keys(k))
 
     # Results coming in.
 
@@ -396,8 +404,14 @@ class OwnedShard:
             elif row.letter is not None:
                 self.dead.append((row.run_at_ms, pack(row.run_at_ms, row.id), row.letter))
             else:
-                self.seen.add(slice_of(row.run_at_ms), (row.run_at_ms, row.id))
+                self._handled_unfired(slice_of(row.run_at_ms), pack(row.run_at_ms, row.id))
         return added
+
+    def _handled_unfired(self, k: int, packed: bytes) -> None:
+        """A row read that must not fire: handled. A copy of it that reaches the wheel
+        later (a hand-off of a finished task) is dropped when its slot fires."""
+        self.seen.add_packed(k, packed)
+        self.unfired_slices.add(k)
 
     def _add(self, run_at_ms: int, tag: int, message: bytes) -> None:
         if run_at_ms <= self.wheel.fired_through_ms:  # fires at the next pass: hold the cursor below it
@@ -595,7 +609,7 @@ class OwnedShard:
                 continue
             if row.message is None:
                 if row.run_at_ms > self.start_ms:
-                    seen.add_packed(k, packed)
+                    self._handled_unfired(k, packed)
                 continue
             self._add(row.run_at_ms, row.tag, row.message)
             added += 1
@@ -618,6 +632,7 @@ class OwnedShard:
         """Drop what is older than the horizon: the sweep no longer looks there."""
         oldest = minute_bucket(now_ms - self.horizon_ms)
         self.seen.forget_before(slice_of(oldest))
+        self.unfired_slices = {k for k in self.unfired_slices if k >= slice_of(oldest)}
         for bucket in [b for b in self.baseline if b < oldest]:
             del self.baseline[bucket]
 
@@ -636,6 +651,7 @@ class OwnedShard:
         skipped = duplicates = 0
         cancelled = self.cancelled
         record = self.seen
+        unfired = self.unfired_slices
         polled: set[bytes] = set()
         kept: list[Entry] | None = [] if gated else None
         floor: int | None = None
@@ -647,7 +663,7 @@ class OwnedShard:
                 continue
             polled.add(packed)
             k = run_at // SLICE_MS
-            if run_at <= frontier and (k, packed) in record:
+            if (run_at <= frontier or k in unfired) and (k, packed) in record:
                 duplicates += 1
                 continue
             record.add_packed(k, packed)

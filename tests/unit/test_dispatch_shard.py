@@ -472,3 +472,20 @@ def test_a_shard_never_fired_before_knows_nothing_was_handled_behind_its_start()
     sweep = fresh.sweep_due(T0 + 61_000)
     assert sweep is not None
     assert fresh.swept(sweep, {T0: 1}) == [T0]  # a row there was written behind it: fire it
+
+
+def test_a_hand_off_of_a_task_already_finished_is_dropped_so_every_row_is_counted_once() -> None:
+    state = owned(start_ms=T0 - 1)
+    done, waiting = tasks_at(1_200, 1_300)
+    state.requested_buckets.add(T0)
+    state.add_rows(rows_from([StoredTask(done, TaskStatus.DONE, 1), StoredTask(waiting, TaskStatus.SCHEDULED)],
+                             TOKEN, state.long_types))
+    state.bucket_loaded(T0, T0 - 60_000)
+    assert state.handed_task(done)  # e.g. a keyed submit of it again, after it ran
+    verify_all(state, T0 + 1_999)
+    assert fired_ids(state, T0 + 2_000) == [waiting.id.bytes]  # its row says finished: not published again
+    k = (T0 + 1_000) // SLICE_MS
+    assert state.seen.count(k) == 2
+    state.ask_look(k)
+    assert state.looking[k] == 2  # so a row written late there still shows as one more
+    assert state.slice_looked(k, 3)
