@@ -20,7 +20,10 @@ How
    changed since is checked again before it starts.
 4. The cancel returns `SETTLE_MS` (> `MAX_AGE_MS`) after its mark was written. By then
    every worker has read the marks since, so any start after the return sees the mark
-   and, through the check, the cancelled row.
+   and, through the check, the cancelled row. (A start is decided on the worker's main
+   loop and the handler begins within milliseconds: a free thread takes it, or a chunk
+   of handlers that take under a millisecond each; the 500 ms between the two bounds
+   covers that.)
 
 Why `REACH_MS`: a dispatcher reads a row at most one bucket plus its one-minute
 look-ahead before the row is due (two minutes), so a task fired despite a cancel was
