@@ -104,7 +104,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                              "cancels)")
     parser.add_argument("--sweep-interval", type=float, default=2.0,
                         help="the dispatcher's --sweep-interval in seconds (default 2; the scheduler's own default "
-                             "is 10)")
+                             "is 20)")
     parser.add_argument("--worker-concurrency", type=int, default=8,
                         help="--concurrency of the worker of the writes (default 8; the cancels' worker has 1)")
     parser.add_argument("--cli-parallel", type=int, default=2,

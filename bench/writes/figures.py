@@ -8,7 +8,9 @@ A row acknowledged at W with run_at R fires (`scheduler.dispatcher.shard`)
 
 - by max(R, W) + `second_look_ms` + one slice (1 s): when W is before the second look
   of R's slice, the bucket read, the verify or the second look finds it;
-- by W + the sweep interval + the read: when W is after that second look.
+- by W + the sweep interval + the read: when W is after that second look and R is
+  within the last 90 s behind the cursor at the next sweep (every offset written here
+  is: the earliest is 60 s before its write).
 
 So every write fires by max(R, W) + `promise_ms(sweep)`, the larger of the two. A
 schedule's run is created by the dispatcher's first creation pass after the schedule was
