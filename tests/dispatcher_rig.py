@@ -149,6 +149,7 @@ class Rig:
         self.dispatcher._writers.submit = inline  # type: ignore[method-assign,assignment]
         if inline_readers:
             self.dispatcher._readers.submit = inline  # type: ignore[method-assign,assignment]
+            self.dispatcher._lookers.submit = inline  # type: ignore[method-assign,assignment]
         self.dispatcher.start_session()
         self.checks: list[Callable[[], None]] = []
         """Run after every pump (the cursor rule, say)."""

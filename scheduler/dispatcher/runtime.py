@@ -131,6 +131,7 @@ class DispatcherConfig:
     dispatchers that can publish take over."""
     page_size: int = 5000
     reader_threads: int = 8
+    looker_threads: int = 4
     writer_threads: int = 8
     long_types: frozenset[str] = frozenset()
     flush_timeout_s: float = 10.0
@@ -227,6 +228,9 @@ class Dispatcher:
         """Shards with a lease this process holds (balancer's view, guarded by `_mine_lock`)."""
         self._mine_lock = threading.Lock()
         self._readers = ThreadPoolExecutor(config.reader_threads, thread_name_prefix="dispatcher-read")
+        self._lookers = ThreadPoolExecutor(config.looker_threads, thread_name_prefix="dispatcher-look")
+        """Second looks and sweeps, and their re-reads: a pool of their own, so that they
+        never queue ahead of the reads and counts that what is due now waits for."""
         self._writers = ThreadPoolExecutor(config.writer_threads, thread_name_prefix="dispatcher-write")
         self.schedule_runner = schedule_runner
         self._schedulers = ThreadPoolExecutor(1, thread_name_prefix="dispatcher-schedule")
@@ -698,7 +702,7 @@ class Dispatcher:
             again = owned.slice_counted(k, stored)
             self.stats.slices_reread += again
         if again:
-            self._submit(self._readers, self._reread_slice, owned, k, look,
+            self._submit(self._lookers if look else self._readers, self._reread_slice, owned, k, look,
                          on_error=partial(self._post, partial(self._slice_failed, shard, token, k, look)))
 
     def _slice_reread(self, shard: int, token: int, k: int, rows: list[Row], look: bool = False) -> None:
@@ -726,7 +730,7 @@ class Dispatcher:
         self.stats.sweeps += 1
         for bucket in owned.swept(sweep, counts):
             self.stats.buckets_reread += 1
-            self._submit(self._readers, self._reread_bucket, owned, bucket, sweep)
+            self._submit(self._lookers, self._reread_bucket, owned, bucket, sweep)
 
     def _sweep_failed(self, shard: int, token: int) -> None:
         owned = self._current(shard, token)
@@ -1045,12 +1049,12 @@ class Dispatcher:
                              on_error=partial(self._post, partial(self._slice_failed, shard, token, k)))
             for k in owned.slices_to_look(now):
                 owned.ask_look(k)
-                self._submit(self._readers, self._count_slice, owned, k, True,
+                self._submit(self._lookers, self._count_slice, owned, k, True,
                              on_error=partial(self._post, partial(self._slice_failed, shard, token, k, True)))
             sweep = owned.sweep_due(now)
             if sweep is not None:
                 owned.forget(now)
-                self._submit(self._readers, self._sweep, owned, sweep,
+                self._submit(self._lookers, self._sweep, owned, sweep,
                              on_error=partial(self._post, partial(self._sweep_failed, shard, token)))
 
     def _advance_cursors(self, now: int) -> None:
@@ -1127,6 +1131,7 @@ class Dispatcher:
         if self._pending:
             self._publish_pending()
         self._readers.shutdown(wait=False, cancel_futures=True)
+        self._lookers.shutdown(wait=False, cancel_futures=True)
         self._schedulers.shutdown(wait=False, cancel_futures=True)
         with self._passes_changed:  # a pass under way sees the stop before its next schedule
             if not self._passes_changed.wait_for(lambda: self._passes_running == 0, SCHEDULE_STOP_WAIT_S):

@@ -90,6 +90,7 @@ class Rig:
             topics={0: "high", 1: "normal", 2: "low", 3: "long"}, clock=lambda: self.now)
         inline = lambda job, *args: job(*args)  # noqa: E731  (jobs run at once, in order)
         self.dispatcher._readers.submit = self.dispatcher._writers.submit = inline  # type: ignore[method-assign,assignment]
+        self.dispatcher._lookers.submit = inline  # type: ignore[method-assign,assignment]
 
     def hold(self, shard: int, cursor_ms: int) -> None:
         self.dispatcher._shard_started(Lease(shard, 7, 1), cursor_ms)
