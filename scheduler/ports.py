@@ -140,6 +140,21 @@ class BadRow:
     reason: str
 
 
+ROW_ERRORS = (ValueError, TypeError, OverflowError)
+"""What building a task from a stored row raises when the row is not a valid task
+(`InvalidTask` is a `ValueError`)."""
+
+
+def hand_over(bad: BadRow, on_bad_row: Callable[[BadRow], None] | None) -> None:
+    """What `read_partition` does with a row that is not a task: pass it to `on_bad_row`,
+    or, without one, raise `InvalidTask` naming it."""
+    if on_bad_row is None:
+        from scheduler.errors import InvalidTask
+
+        raise InvalidTask(f"row {bad.run_at_ms}/{bad.task_id.hex()} of {bad.partition}: {bad.reason}")
+    on_bad_row(bad)
+
+
 @dataclass(frozen=True, slots=True)
 class CancelMarks:
     """Per shard, what workers need to honour cancels without reading every task's row:

@@ -69,7 +69,7 @@ from cassandra.query import (
 from scheduler import cancels
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
-from scheduler.errors import InvalidTask, SchemaConflict, StoreError, StoreUnavailable
+from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import (
     BUCKET_MS,
     Partition,
@@ -82,6 +82,7 @@ from scheduler.model import (
     to_ms,
 )
 from scheduler.ports import (
+    ROW_ERRORS,
     BadRow,
     CancelMarks,
     CancelOutcome,
@@ -90,6 +91,7 @@ from scheduler.ports import (
     StatusReport,
     StoredTask,
     TaskStatus,
+    hand_over,
     refusal_to_cancel,
 )
 from scheduler.settings import CassandraSettings
@@ -339,12 +341,8 @@ class CassandraTaskStore:
                     continue
                 try:
                     stored = _stored_task(row)
-                except (InvalidTask, ValueError, TypeError, OverflowError) as exc:
-                    bad = _bad_row(partition, row, exc)
-                    if on_bad_row is None:
-                        raise InvalidTask(f"row {bad.run_at_ms}/{bad.task_id.hex()} of {partition}: {bad.reason}") \
-                            from None
-                    on_bad_row(bad)
+                except ROW_ERRORS as exc:
+                    hand_over(_bad_row(partition, row, exc), on_bad_row)
                     continue
                 yield stored
         except DRIVER_ERRORS as exc:

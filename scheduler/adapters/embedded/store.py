@@ -32,7 +32,7 @@ from typing import Any
 
 from scheduler import cancels
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
-from scheduler.errors import InvalidTask, SchemaConflict, StoreError
+from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import (
     DEFAULT_SHARD_COUNT,
     Partition,
@@ -44,6 +44,7 @@ from scheduler.model import (
     minute_bucket,
 )
 from scheduler.ports import (
+    ROW_ERRORS,
     BadRow,
     CancelMarks,
     CancelOutcome,
@@ -52,6 +53,7 @@ from scheduler.ports import (
     StatusReport,
     StoredTask,
     TaskStatus,
+    hand_over,
     refusal_to_cancel,
 )
 
@@ -253,15 +255,12 @@ class SqliteTaskStore:
             for row in rows:
                 try:
                     stored = _stored_task(row)
-                except (InvalidTask, ValueError, TypeError, OverflowError) as exc:
+                except ROW_ERRORS as exc:
                     run_at, id_bytes = row[0], row[1]
-                    bad = BadRow(partition, run_at if isinstance(run_at, int) else 0,
-                                 id_bytes if isinstance(id_bytes, bytes) and len(id_bytes) == 16 else bytes(16),
-                                 dict(zip(_COLUMN_NAMES, row, strict=True)), f"{type(exc).__name__}: {exc}")
-                    if on_bad_row is None:
-                        raise InvalidTask(f"row {bad.run_at_ms}/{bad.task_id.hex()} of {partition}: {bad.reason}") \
-                            from None
-                    on_bad_row(bad)
+                    hand_over(BadRow(partition, run_at if isinstance(run_at, int) else 0,
+                                     id_bytes if isinstance(id_bytes, bytes) and len(id_bytes) == 16 else bytes(16),
+                                     dict(zip(_COLUMN_NAMES, row, strict=True)), f"{type(exc).__name__}: {exc}"),
+                              on_bad_row)
                     continue
                 yield stored
             if len(rows) < page_size:
