@@ -33,7 +33,7 @@ from scheduler.errors import (
     StoreUnavailable,
 )
 from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_COST, Priority, TaskId, decode_payload
-from scheduler.ports import CancelOutcome, StoredTask, TaskStore
+from scheduler.ports import CancelOutcome, Handoff, StoredTask, TaskStore
 from scheduler.settings import (
     CASSANDRA_ENV,
     CONSISTENCY_LEVELS,
@@ -196,10 +196,15 @@ def open_client(backend: str, db: Path, tenant: str | None = None, default_max_a
 def unopened_client() -> Client:
     """A client on no store, for the checks `Client.task` makes (it builds a task and
     reads no store), so a command with bad input fails before any store is opened: on
-    the embedded backend, opening one creates its files."""
+    the embedded backend, opening one creates its files. It checks as the command's own
+    client will, which has a hand-off (so a keyed task due long ago is accepted)."""
     from scheduler.producer import Client
 
-    return Client(cast(TaskStore, None))
+    return Client(cast(TaskStore, None), handoff=cast(Handoff, _NOT_USED))
+
+
+_NOT_USED = object()
+"""Stands for the hand-off of `unopened_client`: `Client.task` only asks whether there is one."""
 
 
 _DELAY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?")

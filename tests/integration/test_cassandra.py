@@ -24,7 +24,7 @@ from tests.cluster import Cluster, unique_name
 from tests.support import run_cli
 from tests.tasks import make_task
 
-TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits"}
+TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits", "cancel_marks", "cancel_counts"}
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:

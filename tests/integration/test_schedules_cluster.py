@@ -97,7 +97,7 @@ def test_creators_racing_on_cassandra_make_one_task_per_slot(keyspace: Cassandra
                 both_read.wait(timeout=60)
                 return found
 
-        racers = [ScheduleRunner(ReadThenWait.for_store(store), Client(store), clock=clock) for _ in range(2)]
+        racers = [ScheduleRunner(ReadThenWait.for_store(store), Client(store, now_ms=clock), clock=clock) for _ in range(2)]
         shards = sorted({s.shard(store.shard_count) for s in made})
         for step in range(3):  # :00, :05, :10
             clock.now_ms = made[0].next_slot_ms + step * 5 * MINUTE_MS

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -238,3 +240,11 @@ def test_a_good_submit_creates_the_database_files_where_the_failed_ones_did_not(
     assert result.exit_code == Exit.OK, (result.output, result.exception)
     assert TaskId.parse(result.output.strip())
     assert {"tasks.db", "queue.db"} <= {path.name for path in data.iterdir()}
+
+
+def test_a_keyed_submit_due_long_ago_is_accepted_since_the_command_hands_it_off(tmp_path: Path) -> None:
+    old = (datetime.now(timezone.utc) - timedelta(hours=2)).isoformat()
+    result = CliRunner().invoke(cli, ["submit", "hold", "--tenant", "exam-fees", "--key", "hold-1042", "--run-at", old,
+                                      "--db", str(tmp_path / "tasks.db")])
+    assert result.exit_code == 0, result.output
+    assert TaskId.parse(result.output.strip()).run_at_ms < time.time() * 1000 - 3_600_000
