@@ -35,7 +35,8 @@ opened, so no file is created); `StoreUnavailable` when Cassandra does not answe
 the store's other errors (a keyspace without the schema, another shard count);
 `QueueUnavailable` when no Kafka broker answers. A hand-off topic that does not exist
 yet (the dispatchers create it) is only logged: tasks due later are stored as usual,
-and a task due soon fails its submit with `HandoffFailed` until the topic is there.
+and a task due soon fails its submit with `HandoffFailed` until the topic is there (it
+is stored, and fires late: the dispatchers find it behind their reads).
 """
 
 from __future__ import annotations

@@ -466,7 +466,8 @@ class Client:
                         extra={"action": "handoff_failed"})
             raise HandoffFailed(
                 f"stored, but the hand-off to the dispatcher failed ({type(exc).__name__}: {exc}), so a task due "
-                "this soon may not fire; submit it again with the same idempotency key, or cancel it"
+                "this soon may fire late (the dispatchers find it within about 20 s); submit it again with the same "
+                "idempotency key to hand it off again, or cancel it"
             ) from exc
 
     # Reading and cancelling.
