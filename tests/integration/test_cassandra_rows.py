@@ -59,8 +59,10 @@ def test_packed_id_lists_equal_the_drivers_binding(cassandra: CassandraConnectio
 
 def _reports() -> list[StatusReport]:
     """Reports of every status, attempts up to the limit, errors none, empty, non-ASCII
-    and over `MAX_ERROR_CHARS`, two on each of 40 tasks over several partitions."""
-    ids = [TaskId.new(NINE_OCLOCK_MS + n * 7919) for n in range(40)]
+    and over `MAX_ERROR_CHARS`, two on each of 40 tasks over several partitions. The ids
+    are keyed, so the same partitions every run: two of the tasks share one, and its four
+    reports take two batches of three."""
+    ids = [TaskId.for_key(NINE_OCLOCK_MS + n * 7919, "lab", f"report-{n}") for n in range(40)]
     errors = [None, "", "SMS gateway: नंबर गलत है", "x" * (MAX_ERROR_CHARS + 1), "é" * MAX_ERROR_CHARS]
     return [
         StatusReport(task_id, 1 + n * 7 % MAX_ATTEMPTS_LIMIT, status, errors[n % len(errors)])

@@ -175,7 +175,13 @@ def test_a_cap_is_never_exceeded_and_a_killed_worker_does_not_keep_its_places(
     lab_spans = [(s[4], s[5] if s[5] is not None else max(killed_at, s[4])) for s in spans if s[0] in lab_ids]
     assert most_at_once(lab_spans) <= 3, sorted(lab_spans)
     assert most_at_once(lab_spans) == 3, "the cap was used, not just respected"
-    other_start = [s[4] - s[3] for s in spans if s[1] == "other"]
+    # A first start only: an "other" task running on worker a when it was killed starts
+    # again on b once the group notices, late for a reason that is not the cap.
+    first_start: dict[str, int] = {}
+    for s in spans:
+        if s[1] == "other":
+            first_start[s[0]] = min(first_start.get(s[0], s[4]), s[4])
+    other_start = [first_start[str(i)] - i.run_at_ms for i in other]
     assert max(other_start) <= 3_000, f"a tenant without a cap waited: {sorted(other_start)}"
     b.check_alive()
     assert any(s[5] is None and s[6] == a.pid for s in spans), "worker a was killed in the middle of a lab task"
