@@ -4,9 +4,14 @@ their own per run; every step is tried whatever the others did."""
 
 from __future__ import annotations
 
+import time
+
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 
 WORKER_POOLS = ("default", "long")
+
+GONE_TIMEOUT_S = 30.0
+"""How long to wait for the brokers' metadata to stop listing the deleted topics."""
 
 
 def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookeeper: ZooKeeperSettings,
@@ -42,6 +47,17 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:  # a pool no worker ran has no group
                     raise
+        # Deletion is asynchronous: the metadata lists a topic for a while after the
+        # controller accepted its deletion. Done means gone, so wait for that.
+        prefix = kafka.topic_prefix + "."
+        deadline = time.monotonic() + GONE_TIMEOUT_S
+        while left := sorted(name for name in admin.list_topics(timeout=10).topics
+                             if name.startswith(prefix) or name in extra_topics):
+            if time.monotonic() >= deadline:
+                warnings.append(f"topics {', '.join(left)} are still listed {GONE_TIMEOUT_S:.0f} s after their "
+                                "deletion")
+                break
+            time.sleep(0.1)
     except (SchedulerError, KafkaException) as exc:
         warnings.append(f"could not delete the topics {kafka.topic_prefix}.*: {exc}")
     client = KazooClient(hosts=zookeeper.hosts, timeout=10)

@@ -80,9 +80,16 @@ def test_a_dispatcher_paused_past_its_lease_is_fenced_out_and_nothing_is_skipped
     published = deployment.ready.wait_for(set(expected), timeout_s=60)
     stale = [m for m in published if m.fence in a_tokens and m.at_ms > resumed_at]
     assert stale == [], f"{len(stale)} messages published by the fenced-out dispatcher after it resumed"
-    duplicates = sum(len(messages) - 1 for _, messages in by_id(published))
     due_at_pause = sum(1 for run_at in expected.values() if run_at <= stopped_at + 100)
-    assert duplicates <= due_at_pause  # only what was in flight when it stopped could be published twice
+    twice = [[(m.fence, m.run_at_ms - resumed_at, m.at_ms - resumed_at) for m in messages]
+             for _, messages in by_id(published) if len(messages) > 1]
+    shown = f"published twice (token, run_at and publish time from the resume, ms): {twice[:10]}"
+    # A task is published again only across a change of owner: what the paused dispatcher
+    # had in flight (due by the pause), and, once the resumed one takes its share back,
+    # what the giver fired past the cursor it handed over (a cursor held back by a slow
+    # count, on a busy machine). No owner publishes a task twice.
+    assert [copies for copies in twice if len({fence for fence, _, _ in copies}) < len(copies)] == [], shown
+    assert sum(1 for copies in twice if any(fence in a_tokens for fence, _, _ in copies)) <= due_at_pause, shown
     for shard, before in cursors_before.items():  # whoever holds a shard now, its cursor never went back
         after = deployment.store.read_shard(shard)
         assert (after.lease_token or 0) >= (before.lease_token or 0)
