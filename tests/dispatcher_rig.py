@@ -146,10 +146,10 @@ class Rig:
         def inline(job: Callable[[], None]) -> None:
             job()
 
-        self.dispatcher._writers.submit = inline  # type: ignore[method-assign,assignment]
+        self.dispatcher.ctx.writers.submit = inline  # type: ignore[method-assign,assignment]
         if inline_readers:
-            self.dispatcher._readers.submit = inline  # type: ignore[method-assign,assignment]
-            self.dispatcher._lookers.submit = inline  # type: ignore[method-assign,assignment]
+            self.dispatcher.ctx.readers.submit = inline  # type: ignore[method-assign,assignment]
+            self.dispatcher.ctx.lookers.submit = inline  # type: ignore[method-assign,assignment]
         self.dispatcher.start_session()
         self.checks: list[Callable[[], None]] = []
         """Run after every pump (the cursor rule, say)."""
@@ -157,11 +157,11 @@ class Rig:
 
     def take(self) -> None:
         """One pass of the balancer: take every free shard this member is due, and start it."""
-        self.dispatcher._balance_once()
+        self.dispatcher.ownership.balance_once()
         self.drain()
 
     def drain(self) -> None:
-        inbox = self.dispatcher._inbox
+        inbox = self.dispatcher.ctx.inbox
         while True:
             try:
                 action = inbox.get_nowait()
@@ -192,21 +192,23 @@ class Rig:
         stays in the coordinator's file until it expires."""
         self._closed = True
         self.coordinator.crash()
-        self.dispatcher._stopping.set()  # lets reader threads sleeping between attempts end
+        self.dispatcher.ctx.stopping.set()  # lets reader threads sleeping between attempts end
         self.shutdown_pools()
         self.queue.close()
         if self._own_store:
             self.store.close()
 
     def shutdown_pools(self) -> None:
-        for pool in (self.dispatcher._readers, self.dispatcher._writers, self.dispatcher._schedulers):
+        ctx = self.dispatcher.ctx
+        schedules = self.dispatcher.schedules
+        for pool in (ctx.readers, ctx.lookers, ctx.writers, *([] if schedules is None else [schedules.pool])):
             pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.dispatcher._stopping.set()
+        self.dispatcher.ctx.stopping.set()
         self.shutdown_pools()
         self.coordinator.close()
         self.queue.close()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from scheduler import handoff
+from scheduler.dispatcher.passes import LimitsPass
 from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.fairness.limits import Limits, TenantLimits
@@ -89,11 +90,11 @@ class Rig:
             coordinator=Coordinator(), publisher=self.publisher, handoff_reader=self.reader,  # type: ignore[arg-type]
             topics={0: "high", 1: "normal", 2: "low", 3: "long"}, clock=lambda: self.now)
         inline = lambda job, *args: job(*args)  # noqa: E731  (jobs run at once, in order)
-        self.dispatcher._readers.submit = self.dispatcher._writers.submit = inline  # type: ignore[method-assign,assignment]
-        self.dispatcher._lookers.submit = inline  # type: ignore[method-assign,assignment]
+        self.dispatcher.ctx.readers.submit = self.dispatcher.ctx.writers.submit = inline  # type: ignore[method-assign,assignment]
+        self.dispatcher.ctx.lookers.submit = inline  # type: ignore[method-assign,assignment]
 
     def hold(self, shard: int, cursor_ms: int) -> None:
-        self.dispatcher._shard_started(Lease(shard, 7, 1), cursor_ms)
+        self.dispatcher.ownership.shard_started(Lease(shard, 7, 1), cursor_ms)
         owned = self.dispatcher.shards[shard]
         owned.loaded_through_ms = owned.verified_through_ms = cursor_ms + 60_000
 
@@ -110,7 +111,7 @@ def task_of(shard: int, run_at_ms: int, tenant: str = "slow") -> Task:
 
 def test_a_handed_off_task_behind_the_cursor_keeps_its_hand_off_record_while_it_waits_in_the_gate() -> None:
     rig = Rig()
-    rig.dispatcher._limits_loaded(Limits(tenants={"slow": TenantLimits(rate=4)}))  # 1 a second at 1/4 of the shards
+    rig.dispatcher.gate.set_limits(Limits(tenants={"slow": TenantLimits(rate=4)}))  # 1 a second at 1/4 of the shards
     rig.hold(0, NOW - 1)
     rig.now = NOW + 2000  # the shard counts toward the share
     first, late = task_of(0, NOW - 300), task_of(0, NOW - 200)  # both submitted into the past
@@ -119,12 +120,12 @@ def test_a_handed_off_task_behind_the_cursor_keeps_its_hand_off_record_while_it_
     rig.dispatcher._tick()
     assert rig.published_ids() == {first.id} and rig.dispatcher.gate.waiting == 1
     assert rig.reader.committed.get(0, 0) <= 41, "the record of the waiting task must be read again by a new owner"
-    rig.dispatcher._give_back(0)
+    rig.dispatcher.ownership.give_back(0)
     assert rig.reader.committed.get(0, 0) <= 41
     assert rig.store.advanced == []  # no cursor written: it cannot move back below the task waiting behind it
     # once it is out, the position moves on
     rig2 = Rig()
-    rig2.dispatcher._limits_loaded(Limits(tenants={"slow": TenantLimits(rate=4)}))
+    rig2.dispatcher.gate.set_limits(Limits(tenants={"slow": TenantLimits(rate=4)}))
     rig2.hold(0, NOW - 1)
     rig2.now = NOW + 2000
     rig2.reader.pending = [HandoffRecord(0, 40, handoff.encode_task(first)),
@@ -140,7 +141,7 @@ def test_a_handed_off_task_behind_the_cursor_keeps_its_hand_off_record_while_it_
 
 def test_a_cancel_reaches_a_task_waiting_in_the_gate() -> None:
     rig = Rig()
-    rig.dispatcher._limits_loaded(Limits(tenants={"slow": TenantLimits(rate=4)}))
+    rig.dispatcher.gate.set_limits(Limits(tenants={"slow": TenantLimits(rate=4)}))
     rig.hold(1, NOW - 1)
     rig.now = NOW + 2000
     a, b = task_of(1, NOW + 2050), task_of(1, NOW + 2060)
@@ -168,7 +169,7 @@ class UnreadableLimits:
 def test_limits_that_cannot_be_read_at_start_stop_the_dispatcher_before_it_joins() -> None:
     rig = Rig()
     store = UnreadableLimits()
-    rig.dispatcher.limits_store = store  # type: ignore[assignment]
+    rig.dispatcher.limits = LimitsPass(rig.dispatcher.ctx, rig.dispatcher.gate, store)  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable, match="limits could not be read"):
         rig.dispatcher.load_limits(attempts=2)
     assert store.reads == 2

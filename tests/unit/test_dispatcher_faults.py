@@ -187,8 +187,8 @@ def test_a_dispatcher_that_cannot_publish_gives_its_shards_back_short_of_what_wa
     tmp_path: Path, clocks: tuple[ManualClock, SecondsClock], rigs: list[Rig],
 ) -> None:
     a, tasks, late = first_owner(tmp_path, clocks, rigs, publish_give_up_s=GIVE_UP_S)
-    assert not a.dispatcher._stopping.is_set(), "the catch-up's refusals were shorter than the give-up"
-    a.pump_until(a.dispatcher._stopping.is_set, max_pumps=int(GIVE_UP_S * 10) + 80, what="the dispatcher to give up")
+    assert not a.dispatcher.ctx.stopping.is_set(), "the catch-up's refusals were shorter than the give-up"
+    a.pump_until(a.dispatcher.ctx.stopping.is_set, max_pumps=int(GIVE_UP_S * 10) + 80, what="the dispatcher to give up")
     assert a.dispatcher.failed is not None and "nothing could be published" in a.dispatcher.failed
     a.dispatcher._shutdown()  # what run() does once its loop ends: give every shard back
     assert a.dispatcher.stats.given_back == SHARDS and not a.dispatcher.shards
@@ -220,7 +220,7 @@ def test_a_dispatcher_giving_up_mid_catch_up_gives_back_no_cursor_past_rows_wait
     a.take()
     # The current bucket is read first; its overdue rows are refused, and the past buckets
     # read meanwhile wait behind the wheel's frontier, unfired, while the flush is retried.
-    a.pump_until(a.dispatcher._stopping.is_set, max_pumps=int(GIVE_UP_S * 10) + 80, what="the dispatcher to give up")
+    a.pump_until(a.dispatcher.ctx.stopping.is_set, max_pumps=int(GIVE_UP_S * 10) + 80, what="the dispatcher to give up")
     waiting = [owned.overdue_floor_ms for owned in a.dispatcher.shards.values()]
     assert all(floor is not None and floor < current for floor in waiting), waiting
     a.dispatcher._shutdown()

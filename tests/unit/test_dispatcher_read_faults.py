@@ -22,7 +22,7 @@ import pytest
 
 from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.adapters.embedded.store import SqliteTaskStore
-from scheduler.dispatcher.runtime import LOAD_ATTEMPTS, LOAD_CHUNK
+from scheduler.dispatcher.config import LOAD_ATTEMPTS, LOAD_CHUNK
 from scheduler.errors import QueueError, StoreError
 from scheduler.handoff import LogHandoff
 from scheduler.model import Partition, TaskId

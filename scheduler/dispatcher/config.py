@@ -1,0 +1,130 @@
+"""A dispatcher's settings (`DispatcherConfig`), its counters (`Stats`) and the limits
+its parts share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS
+from scheduler.model import BUCKET_MS
+
+SCHEDULE_STOP_WAIT_S = 10.0
+"""How long a stopping dispatcher waits for a schedule pass under way before it gives
+its leases back (the pass stops at its next schedule; runs it made are idempotent)."""
+
+Clock = Callable[[], int]
+
+LOAD_CHUNK = 2000
+"""Rows a bucket read sends to the fire loop at a time."""
+
+LIMITS_ATTEMPTS = 10
+"""Tries (a second apart) of the first read of the tenants' limits before giving up."""
+
+LOAD_ATTEMPTS = 5
+"""Tries of one bucket read before it is handed back to be asked for again later."""
+
+SKEW_WARN_MS = 1000
+"""A hand-off record stamped this far ahead of the dispatcher's clock is counted and logged."""
+
+SKEW_WINDOW_MS = 60_000
+"""The window over which the least lag of hand-off records is taken (`Stats.handoff_min_lag_ms`)."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    member: str
+    shards: Sequence[int] | None = None
+    """None for `auto`; else the pinned shards."""
+    tick_ms: int = 100
+    lookahead_ms: int = BUCKET_MS
+    """How far ahead buckets are loaded: the next bucket is read a minute before it starts."""
+    verify_lead_ms: int = 2000
+    verify_grace_ms: int = 1000
+    second_look_ms: int = 1000
+    """How long after a slice ends (or after its bucket was read) it is counted again."""
+    sweep_interval_ms: int = 20_000
+    """How often each shard counts the last 90 s behind its cursor; every sixth time, the
+    whole look-back horizon, bucket by bucket."""
+    sweep_horizon_ms: int = DEFAULT_HORIZON_MS
+    """How far back the sweep looks for rows written late."""
+    dead_letter_topic: str | None = None
+    """Where rows that cannot be read are parked (None: they are logged and skipped)."""
+    advance_interval_ms: int = 1000
+    commit_interval_ms: int = 1000
+    balance_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0
+    first_lookback_ms: int = 60 * BUCKET_MS
+    """Where a never-fired shard starts when the store does not record its creation time."""
+    publish_give_up_s: float = 60.0
+    """After this long without a successful publish, give every shard back and exit, so
+    dispatchers that can publish take over."""
+    page_size: int = 5000
+    reader_threads: int = 8
+    looker_threads: int = 4
+    writer_threads: int = 8
+    long_types: frozenset[str] = frozenset()
+    flush_timeout_s: float = 10.0
+    stats_path: Path | None = None
+    stats_interval_ms: int = 1000
+    schedule_interval_ms: int = 5000
+    """How often the recurring schedules of each held shard get a creation pass."""
+    limits_interval_s: float = 5.0
+    """How often the tenants' limits are read again from the store."""
+    hold_timeout_s: float = 300.0
+    """How long a released task of a capped tenant holds its place without a completion
+    (its worker died and nothing ran it again) before the place is freed."""
+
+
+@dataclass
+class Stats:
+    fired: int = 0
+    loaded: int = 0
+    handed_tasks: int = 0
+    handed_cancels: int = 0
+    skipped_cancelled: int = 0
+    slices_counted: int = 0
+    slices_reread: int = 0
+    rows_merged: int = 0
+    advances: int = 0
+    fenced_out: int = 0
+    leases_lost: int = 0
+    taken: int = 0
+    given_back: int = 0
+    publish_failures: int = 0
+    store_failures: int = 0
+    bad_handoffs: int = 0
+    stalls: int = 0
+    duplicates_dropped: int = 0
+    job_errors: int = 0
+    schedule_passes: int = 0
+    schedule_runs_created: int = 0
+    schedule_misfires: int = 0
+    schedule_failures: int = 0
+    gated: int = 0
+    released: int = 0
+    completions: int = 0
+    limits_reads: int = 0
+    limits_failures: int = 0
+    slices_looked: int = 0
+    looks_reread: int = 0
+    rows_found_late: int = 0
+    """Rows a second look found that the shard had not seen (written after its reads)."""
+    sweeps: int = 0
+    buckets_reread: int = 0
+    rows_swept: int = 0
+    """Rows a sweep found behind the cursor that the shard had not handled."""
+    bad_rows: int = 0
+    handoff_clock_ahead: int = 0
+    """Hand-off records stamped more than `SKEW_WARN_MS` ahead of this dispatcher's clock."""
+    handoff_min_lag_ms: int | None = None
+    """The least (now - writer's stamp) over the hand-off records of the last window: the
+    writers' clocks behind this one's by about this much (plus the transit), or ahead if
+    negative."""
+    started_ms: int = field(default_factory=wall_clock_ms)
