@@ -41,14 +41,8 @@ is then required (if it fails it is tried again, never skipped); a placed messag
 shard's mark moved since is checked again before it starts; and nothing starts while
 the copy of the marks is older than `cancels.MAX_AGE_MS`.
 
-Stale fencing tokens. Each message carries the token of the shard lease it was fired
-under; the worker learns each shard's current token from the store (`shards` table,
-refreshed every few seconds). A message with an older token came from a dispatcher that
-has since lost the shard. It is **counted (`stale_fence`) and run anyway**: the new owner
-re-fires only what is after the cursor the old owner persisted, so a stale message for
-a task at or before that cursor is the only copy there will ever be, and dropping it
-would lose the task. A stale copy that is a true duplicate is absorbed like any other
-repeat, by the home-row check and by `ctx.once`.
+Stale fencing tokens: a message fired under an older shard lease than the current one is
+counted (`stale_fence`) and run anyway, for the reason given in `fences`.
 
 Timeouts. An `async` handler past its timeout is cancelled. A plain handler cannot be
 stopped from outside its thread: past its timeout the attempt is settled as failed
@@ -93,10 +87,12 @@ from scheduler.worker import dead_letters
 from scheduler.worker.app import App, Handler
 from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.context import CLAIM_S, Context, EffectBusy
+from scheduler.worker.fences import Fences
 from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
 from scheduler.worker.progress import Progress
 from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
 from scheduler.worker.settle import Plan, Settler, running_report
+from scheduler.worker.stats import WorkerStats, wall_clock_ms
 
 CHECKS = ("suspect", "always", "never")
 
@@ -104,10 +100,6 @@ log = logging.getLogger(__name__)
 
 ConsumerFactory = Callable[[Callable[[list[TopicPartition]], None]], Consumer]
 """Makes the pool's consumer, given the callback for partitions taken away."""
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -133,41 +125,6 @@ class WorkerConfig:
     """Which messages are checked against their home rows before running: `always`,
     `never`, or `suspect` (see `CHECKS`)."""
     suspect_window_s: float = 30.0
-
-
-@dataclass
-class WorkerStats:
-    received: int = 0
-    started: int = 0
-    done: int = 0
-    retried: int = 0
-    dead: int = 0
-    skipped_cancelled: int = 0
-    skipped_finished: int = 0
-    skipped_superseded: int = 0
-    stale_fence: int = 0
-    undecodable: int = 0
-    unknown_type: int = 0
-    timed_out: int = 0
-    merged: int = 0
-    deferred: int = 0
-    stuck: int = 0
-    launches: int = 0
-    """Hand-offs to a handler thread or the event loop (below `started` when chunked)."""
-    check_failures: int = 0
-    cancel_checks: int = 0
-    """Messages checked because their shard had a cancel near their time."""
-    cancel_rechecks: int = 0
-    """Placed messages checked again before starting: their shard had a cancel since."""
-    waited_for_marks: int = 0
-    """Turns in which nothing started because the copy of the cancel marks was too old."""
-    commits: int = 0
-    commit_failures: int = 0
-    revoked: int = 0
-    effects_run: int = 0
-    effects_skipped: int = 0
-    served: dict[str, int] = field(default_factory=dict)
-    started_ms: int = field(default_factory=wall_clock_ms)
 
 
 @dataclass(eq=False)
@@ -265,9 +222,7 @@ class Worker:
         """When each partition was assigned to this worker (monotonic)."""
         self._assignment_read_at = 0.0
         self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
-        self._fences: dict[int, int] = {}
-        self._fence_shards: set[int] = set()
-        self._fences_read_at = 0.0
+        self._fences = Fences(store, self.stats, shard_count=config.shard_count, refresh_s=config.fence_refresh_s)
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._settler = Settler(
@@ -352,7 +307,7 @@ class Worker:
         self._expire()
         self._flow_control(consumer)
         self._maybe_commit(consumer)
-        self._maybe_refresh_fences()
+        self._fences.maybe_refresh()
 
     def _note_assignment(self, consumer: Consumer) -> None:
         """Record when each partition was assigned to this worker (at most every 0.1 s):
@@ -385,7 +340,7 @@ class Worker:
         suspects: list[TaskId] = []
         required = False
         for delivery, message in decoded:
-            self._note_fence(message)
+            self._fences.note(message)
             task = message.task
             if cancels.needs_check(marks.at.get(task.id.shard(shard_count)), task.run_at_ms):
                 self.stats.cancel_checks += 1
@@ -478,7 +433,7 @@ class Worker:
             message.task.attempt > 1
             or now - first_seen < self.config.suspect_window_s
             or self._clock_ms() - delivery.timestamp_ms > self.config.suspect_window_s * 1000
-            or message.fence < self._fences.get(message.task.id.shard(self.config.shard_count), 0)
+            or self._fences.is_stale(message)
         )
 
     def _homes(self, ids: list[TaskId]) -> dict[TaskId, StoredTask] | None:
@@ -843,36 +798,6 @@ class Worker:
             self._take_settled()
         self._take_settled()
         self._maybe_commit(consumer, force=True)
-
-    # Fencing tokens.
-
-    def _note_fence(self, message: Message) -> bool:
-        """Count a stale token, learn a newer one; always True (used inside a filter)."""
-        shard = message.task.id.shard(self.config.shard_count)
-        self._fence_shards.add(shard)
-        current = self._fences.get(shard)
-        if current is not None and message.fence < current:
-            self.stats.stale_fence += 1
-        elif current is None or message.fence > current:
-            self._fences[shard] = message.fence
-        return True
-
-    def _maybe_refresh_fences(self) -> None:
-        now = time.monotonic()
-        if now - self._fences_read_at < self.config.fence_refresh_s or not self._fence_shards:
-            return
-        self._fences_read_at = now
-        shards, self._fence_shards = self._fence_shards, set()
-        threading.Thread(target=self._refresh_fences, args=(shards,), name="fences", daemon=True).start()
-
-    def _refresh_fences(self, shards: set[int]) -> None:
-        for shard in shards:
-            try:
-                token = self._store.read_shard(shard).lease_token
-            except SchedulerError:
-                return
-            if token is not None and token > self._fences.get(shard, -1):
-                self._fences[shard] = token
 
 
 MAX_RETRY_DELAY_S = 7 * 86_400.0
