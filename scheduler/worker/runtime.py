@@ -56,20 +56,18 @@ import asyncio
 import concurrent.futures
 import inspect
 import logging
-import math
 import queue
 import threading
 import time
-import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import cancels
 from scheduler.errors import InvalidMessage, SchedulerError
-from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId, decode_message, decode_payload
+from scheduler.model import Message, TaskId, decode_message, decode_payload
 from scheduler.ports import (
     CancelMarks,
     Consumer,
@@ -77,18 +75,18 @@ from scheduler.ports import (
     EffectLedger,
     Handoff,
     Publisher,
-    StatusReport,
     StoredTask,
     TaskStatus,
     TaskStore,
     TopicPartition,
 )
 from scheduler.worker import dead_letters
-from scheduler.worker.app import App, Handler
+from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
-from scheduler.worker.context import CLAIM_S, Context, EffectBusy
+from scheduler.worker.context import CLAIM_S, Context
 from scheduler.worker.fences import Fences
-from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
+from scheduler.worker.job import Job
+from scheduler.worker.outcomes import Outcomes
 from scheduler.worker.progress import Progress
 from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
 from scheduler.worker.settle import Plan, Settler, running_report
@@ -125,24 +123,6 @@ class WorkerConfig:
     """Which messages are checked against their home rows before running: `always`,
     `never`, or `suspect` (see `CHECKS`)."""
     suspect_window_s: float = 30.0
-
-
-@dataclass(eq=False)
-class Job:
-    """A message on its way through the worker."""
-
-    delivery: Delivery
-    message: Message
-    handler: Handler
-    topic: str
-    started_at: float = 0.0
-    deadline: float | None = None
-    finished: bool = False
-    followers: list[Delivery] = field(default_factory=list)
-    """Deliveries of the same attempt that arrived while this one was held."""
-    shard: int = 0
-    mark_seen: int = 0
-    """Its shard's cancel count when it was placed: a start under another count checks again."""
 
 
 @dataclass(slots=True)
@@ -229,6 +209,7 @@ class Worker:
             store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
             on_settled=self._settled.put, clock_ms=clock_ms,
         )
+        self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms)
         self._executor = concurrent.futures.ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: Consumer | None = None
@@ -334,7 +315,7 @@ class Worker:
                 decoded.append((delivery, decode_message(delivery.value)))
             except InvalidMessage as exc:
                 self.stats.undecodable += 1
-                self._dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
+                self._outcomes.dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
         marks = self.cancel_watch.marks
         shard_count = self.config.shard_count
         suspects: list[TaskId] = []
@@ -403,7 +384,7 @@ class Worker:
             handler = self.app.lookup(task.type)
             if handler is None:
                 self.stats.unknown_type += 1
-                self._dead(delivery, message, dead_letters.UNKNOWN_TYPE,
+                self._outcomes.dead(delivery, message, dead_letters.UNKNOWN_TYPE,
                            f"no handler for task type {task.type!r} in app {self.app.name!r}")
                 continue
             key = (task.id, task.attempt)
@@ -651,59 +632,8 @@ class Worker:
             self._outcome(job, error, None)
 
     def _outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        self._plan_outcome(job, error, payload_error)
+        self._outcomes.settle(job, error, payload_error)
         self._active.pop((job.message.task.id, job.message.task.attempt), None)
-        for delivery in job.followers:  # settled once the outcome itself is
-            self._settler.submit(Plan(delivery))
-
-    def _plan_outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        task = job.message.task
-        delivery = job.delivery
-        if error is None:
-            self.stats.done += 1
-            self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
-            return
-        text = describe(error)
-        policy = job.handler.policy
-        if payload_error is not None:
-            self._dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error)
-            return
-        if is_permanent(error, policy):
-            self._dead(delivery, job.message, dead_letters.PERMANENT, text)
-            return
-        if isinstance(error, TimeoutError) and job.handler.is_async:
-            self.stats.timed_out += 1
-        if isinstance(error, EffectBusy):
-            # Another copy of this attempt holds the effect's claim right now: try this
-            # copy again later as the same attempt, with no report. It costs no attempt,
-            # and it can never end the task `dead` while the other copy ends it `done`.
-            wait_s = max(1.0, backoff_s(task.attempt, policy))
-            self.stats.deferred += 1
-            self._settler.submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
-            return
-        if task.attempt >= attempts_allowed(task.max_attempts, policy):
-            self._dead(delivery, job.message, dead_letters.EXHAUSTED, text)
-            return
-        delay_s = retry_delay_s(error, task.attempt, policy)
-        retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
-        self.stats.retried += 1
-        self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
-                                  retry=retry))
-
-    def _dead(self, delivery: Delivery, message: Message | None, reason: str, error: str) -> None:
-        self.stats.dead += 1
-        task = None if message is None else message.task
-        task_id = task.id if task is not None else _id_of(delivery.value)
-        letter = dead_letters.DeadLetter(
-            message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,
-            type=task.type if task else None, attempt=task.attempt if task else 0, reason=reason, error=error,
-            source_topic=delivery.topic, dead_at_ms=self._clock_ms(),
-        )
-        report = None
-        if task is not None:
-            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, dead_letters.bounded(f"{reason}: {error}"))
-        log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
-        self._settler.submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
 
     def _take_settled(self) -> None:
         while True:
@@ -800,37 +730,5 @@ class Worker:
         self._maybe_commit(consumer, force=True)
 
 
-MAX_RETRY_DELAY_S = 7 * 86_400.0
-"""Longest wait a handler may ask for with `RetryableError(delay_s=...)`."""
-
-
-def retry_delay_s(error: BaseException, failed_attempt: int, policy: Policy) -> float:
-    """The handler's own `delay_s` if it is a sane number of seconds, else the backoff.
-    (A NaN, a negative or an absurd delay must not crash the main loop of every worker
-    the message reaches.)"""
-    asked = error.delay_s if isinstance(error, RetryableError) else None
-    if isinstance(asked, int | float) and math.isfinite(asked) and 0 <= asked <= MAX_RETRY_DELAY_S:
-        return float(asked)
-    if asked is not None:
-        log.warning("ignoring RetryableError(delay_s=%r): not a number of seconds from 0 to %d", asked,
-                    MAX_RETRY_DELAY_S)
-    return backoff_s(failed_attempt, policy)
-
-
-def describe(error: BaseException) -> str:
-    """The error as a dead letter or a status shows it: type, message, and the last
-    frames of the traceback (bounded)."""
-    frames = traceback.format_exception(error, limit=-3)
-    return dead_letters.bounded("".join(frames).strip())
-
-
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
-
-
-def _id_of(value: bytes) -> TaskId | None:
-    """The task id of an undecodable message, if its bytes still hold one."""
-    try:
-        return TaskId.from_bytes(value[MESSAGE_ID_SLICE])
-    except SchedulerError:
-        return None
