@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler import cancels
-from scheduler.errors import InvalidMessage, SchedulerError
+from scheduler.errors import InvalidMessage
 from scheduler.model import Message, TaskId, decode_message, decode_payload
 from scheduler.ports import (
     CancelMarks,
@@ -83,11 +83,11 @@ from scheduler.ports import (
 from scheduler.worker import dead_letters
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
+from scheduler.worker.commits import Commits
 from scheduler.worker.context import CLAIM_S, Context
 from scheduler.worker.fences import Fences
 from scheduler.worker.job import Job
 from scheduler.worker.outcomes import Outcomes
-from scheduler.worker.progress import Progress
 from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
 from scheduler.worker.settle import Plan, Settler, running_report
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
@@ -181,7 +181,7 @@ class Worker:
         """A topic picked whose job was put back to start alone: it goes first next."""
         """A copy of `_paused` for other threads (the stats writer)."""
         self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
-        self._progress = Progress()
+        self._commits = Commits(self.stats, interval_s=config.commit_interval_s)
         self._running: dict[Job, None] = {}
         self._busy = 0
         self._active: dict[tuple[TaskId, int], Job] = {}
@@ -201,13 +201,12 @@ class Worker:
         self._first_seen: dict[TopicPartition, float] = {}
         """When each partition was assigned to this worker (monotonic)."""
         self._assignment_read_at = 0.0
-        self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
         self._fences = Fences(store, self.stats, shard_count=config.shard_count, refresh_s=config.fence_refresh_s)
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self._settler = Settler(
             store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
-            on_settled=self._settled.put, clock_ms=clock_ms,
+            on_settled=self._commits.settled, clock_ms=clock_ms,
         )
         self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms)
         self._executor = concurrent.futures.ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
@@ -251,8 +250,8 @@ class Worker:
             # A bug or a fatal queue error: keep what is already settled, then fail loudly.
             self.abandoned = len(self._running) + self._zombies
             try:
-                self._take_settled()
-                self._maybe_commit(consumer, force=True)
+                self._commits.take_settled()
+                self._commits.maybe_commit(consumer, force=True)
             except BaseException:
                 log.exception("committing the settled positions on the way out failed as well")
             raise
@@ -284,10 +283,10 @@ class Worker:
             self._wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
         self._start_ready()
         self._collect()
-        self._take_settled()
+        self._commits.take_settled()
         self._expire()
         self._flow_control(consumer)
-        self._maybe_commit(consumer)
+        self._commits.maybe_commit(consumer)
         self._fences.maybe_refresh()
 
     def _note_assignment(self, consumer: Consumer) -> None:
@@ -310,7 +309,7 @@ class Worker:
         self.stats.received += len(deliveries)
         decoded: list[tuple[Delivery, Message]] = []
         for delivery in deliveries:
-            self._progress.received((delivery.topic, delivery.partition), delivery.offset)
+            self._commits.received(delivery)
             try:
                 decoded.append((delivery, decode_message(delivery.value)))
             except InvalidMessage as exc:
@@ -379,7 +378,7 @@ class Worker:
         for delivery, message in decoded:
             task = message.task
             if homes is not None and self._skip(task.attempt, homes.get(task.id)):
-                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
+                self._commits.settle(delivery)
                 continue
             handler = self.app.lookup(task.type)
             if handler is None:
@@ -635,22 +634,13 @@ class Worker:
         self._outcomes.settle(job, error, payload_error)
         self._active.pop((job.message.task.id, job.message.task.attempt), None)
 
-    def _take_settled(self) -> None:
-        while True:
-            try:
-                deliveries = self._settled.get_nowait()
-            except queue.Empty:
-                return
-            for delivery in deliveries:
-                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
-
     def _flow_control(self, consumer: Consumer) -> None:
         """Pause a topic whose buffer is full (resume at half), and every topic while
         too much is in hand: at the checker, or received and not yet settled (a store
         outage must not turn into unbounded memory and handlers running ahead of it)."""
         limit = self.config.buffer_per_topic
         held = (self._checking >= 4 * self.config.poll_batch
-                or self._progress.outstanding() >= self.config.max_outstanding)
+                or self._commits.outstanding() >= self.config.max_outstanding)
         for name, buffer in self._buffers.items():
             full = len(buffer) >= limit or (name in self._paused and len(buffer) >= limit // 2)
             want = held or full
@@ -662,39 +652,12 @@ class Worker:
                 self._paused.discard(name)
         self._paused_view = tuple(sorted(self._paused))
 
-    _last_commit = 0.0
-
-    def _maybe_commit(self, consumer: Consumer, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_commit < self.config.commit_interval_s:
-            return
-        self._last_commit = now
-        # Every known position, not only those that moved: a commit the queue dropped
-        # (Kafka drops one made while the group rebalances) is made again next time.
-        positions = self._progress.positions()
-        if not positions:
-            return
-        try:
-            consumer.commit(positions)
-        except SchedulerError as exc:
-            self.stats.commit_failures += 1
-            log.warning("commit failed (the messages will be delivered again if this worker dies): %s", exc)
-            return
-        self.stats.commits += 1
-
     def _revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away (called inside `poll`): commit what is settled of them,
         drop their buffered messages; their unsettled ones go to the next owner."""
         self.stats.revoked += len(partitions)
-        self._take_settled()
+        self._commits.revoked(self._consumer, partitions)
         lost = set(partitions)
-        positions = {p: pos for p, pos in self._progress.positions().items() if p in lost}
-        if positions and self._consumer is not None:
-            try:
-                self._consumer.commit(positions)
-            except SchedulerError as exc:
-                log.warning("commit of revoked partitions failed: %s", exc)
-        self._progress.forget(partitions)
         for partition in partitions:
             self._first_seen.pop(partition, None)
             self._revoked_count[partition] = self._revoked_count.get(partition, 0) + 1
@@ -717,7 +680,7 @@ class Worker:
             self._take_checked()
             self._collect()
             self._expire()
-            self._take_settled()
+            self._commits.take_settled()
         self.abandoned = len(self._running) + self._zombies
         if self._running:
             log.warning("%d handlers still running at the drain timeout; their tasks will be delivered again",
@@ -725,9 +688,9 @@ class Worker:
         self._settler.begin_stop(max(1.0, deadline - time.monotonic()))
         while not self._settler.stopped():
             consumer.poll(self.config.poll_batch, 0.05)
-            self._take_settled()
-        self._take_settled()
-        self._maybe_commit(consumer, force=True)
+            self._commits.take_settled()
+        self._commits.take_settled()
+        self._commits.maybe_commit(consumer, force=True)
 
 
 async def _awaited(awaitable: Any) -> Any:
