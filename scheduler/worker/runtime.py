@@ -44,22 +44,17 @@ the copy of the marks is older than `cancels.MAX_AGE_MS`.
 Stale fencing tokens: a message fired under an older shard lease than the current one is
 counted (`stale_fence`) and run anyway, for the reason given in `fences`.
 
-Timeouts. An `async` handler past its timeout is cancelled. A plain handler cannot be
-stopped from outside its thread: past its timeout the attempt is settled as failed
-(and retried), the thread's eventual result is ignored, and its slot stays taken until
-it returns, so a stuck handler shows as lost concurrency, never as extra threads.
+Timeouts: a handler past its timeout is failed and retried; how, for plain and `async`
+handlers, is in `execution`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import inspect
 import logging
 import queue
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -67,7 +62,7 @@ from typing import Any
 
 from scheduler import cancels
 from scheduler.errors import InvalidMessage
-from scheduler.model import Message, TaskId, decode_message, decode_payload
+from scheduler.model import Message, TaskId, decode_message
 from scheduler.ports import (
     CancelMarks,
     Consumer,
@@ -84,12 +79,12 @@ from scheduler.worker import dead_letters
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.commits import Commits
-from scheduler.worker.context import CLAIM_S, Context
+from scheduler.worker.execution import CHUNK_MAX, Execution
 from scheduler.worker.fences import Fences
 from scheduler.worker.job import Job
 from scheduler.worker.outcomes import Outcomes
 from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
-from scheduler.worker.settle import Plan, Settler, running_report
+from scheduler.worker.settle import Settler
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
 
 CHECKS = ("suspect", "always", "never")
@@ -125,28 +120,6 @@ class WorkerConfig:
     suspect_window_s: float = 30.0
 
 
-@dataclass(slots=True)
-class Finished:
-    job: Job
-    error: BaseException | None
-    payload_error: str | None = None
-    context: Context | None = None
-    frees_slot: bool = True
-    """The last job of its chunk (or a job run alone): its thread is free again."""
-    skipped: bool = False
-    """Not run: the worker was stopping before the job's turn in its chunk came."""
-    duration_s: float | None = None
-
-
-CHUNK_BELOW_S = 0.001
-"""Plain handlers of a type whose recent runs averaged less than this are started in
-chunks; slower ones, one per thread."""
-
-
-CHUNK_MAX = 16
-"""Most plain jobs handed to one handler thread at once (see `Worker._start_ready`)."""
-
-
 class Worker:
     """Runs one pool's handlers; `run()` blocks until `stop()` (or SIGTERM via the CLI)."""
 
@@ -170,9 +143,7 @@ class Worker:
         self.stats = WorkerStats(served=dict.fromkeys(config.topics, 0))
         self._consumer_factory = consumer_factory
         self._store = store
-        self._ledger = ledger
         self._clock_ms = clock_ms
-        self._on_started = on_started
         self._short_names = {topic: name for name, topic in config.topics.items()}
         self._buffers: dict[str, deque[Job]] = {name: deque() for name in config.topics}
         self._paused: set[str] = set()
@@ -182,16 +153,8 @@ class Worker:
         """A copy of `_paused` for other threads (the stats writer)."""
         self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
         self._commits = Commits(self.stats, interval_s=config.commit_interval_s)
-        self._running: dict[Job, None] = {}
-        self._busy = 0
         self._active: dict[tuple[TaskId, int], Job] = {}
         """Jobs buffered or running, by (task, attempt)."""
-        self._durations: dict[str, float] = {}
-        """Recent mean handler time by task type (seconds), for chunking."""
-        """Slots in use: handler threads running a chunk, and `async` jobs."""
-        self._zombies = 0
-        self._completions: queue.SimpleQueue[Finished] = queue.SimpleQueue()
-        self._early: list[Finished] = []
         self._checker = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="checker")
         self._checked: queue.SimpleQueue[tuple[list[tuple[Delivery, Message]], dict[TaskId, StoredTask] | None,
                                                dict[TopicPartition, int], CancelMarks]] = queue.SimpleQueue()
@@ -209,12 +172,10 @@ class Worker:
             on_settled=self._commits.settled, clock_ms=clock_ms,
         )
         self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms)
-        self._executor = concurrent.futures.ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
+                                    settle=self._settler.submit, stop=self._stop, on_started=on_started)
         self._consumer: Consumer | None = None
         self.abandoned = 0
-        self._instance = f"{config.member}-{uuid.uuid4().hex[:8]}"
-        """This process's name in effect claims: unique even if two share a member name."""
         """Handlers still running when `run` returned (past the drain timeout)."""
 
     # Control.
@@ -229,8 +190,8 @@ class Worker:
     def snapshot(self) -> dict[str, Any]:
         stats = {k: v for k, v in vars(self.stats).items()}
         stats["settler"] = dict(vars(self._settler.stats))
-        stats["running"] = len(self._running)
-        stats["zombies"] = self._zombies
+        stats["running"] = len(self._execution.running)
+        stats["zombies"] = self._execution.zombies
         stats["buffered"] = {name: len(buffer) for name, buffer in self._buffers.items()}
         stats["paused"] = list(self._paused_view)
         return stats
@@ -239,8 +200,7 @@ class Worker:
         self.cancel_watch.read_once()  # before the first poll: starts wait for it anyway
         self.cancel_watch.start()
         self._settler.start()
-        if any(handler.is_async for handler in self.app.handlers()):
-            self._start_loop()
+        self._execution.start(self.app.handlers())
         consumer = self._consumer = self._consumer_factory(self._revoked)
         try:
             while not self._stop.is_set():
@@ -248,7 +208,7 @@ class Worker:
             self._drain(consumer)
         except BaseException:
             # A bug or a fatal queue error: keep what is already settled, then fail loudly.
-            self.abandoned = len(self._running) + self._zombies
+            self.abandoned = len(self._execution.running) + self._execution.zombies
             try:
                 self._commits.take_settled()
                 self._commits.maybe_commit(consumer, force=True)
@@ -259,10 +219,9 @@ class Worker:
             try:
                 consumer.close()
             finally:
-                self._executor.shutdown(wait=False, cancel_futures=True)
                 self._checker.shutdown(wait=False, cancel_futures=True)
                 self.cancel_watch.stop()
-                self._stop_loop()
+                self._execution.close()
                 self._stopped.set()
 
     # The main loop.
@@ -270,17 +229,17 @@ class Worker:
     def _turn(self, consumer: Consumer) -> None:
         self._take_checked()
         self._note_assignment(consumer)
-        full = self._busy >= self.config.concurrency
+        full = self._execution.busy >= self.config.concurrency
         startable = not full and any(self._buffers.values())
         # Poll every turn, even with every topic paused: a member that stops polling
         # is taken for dead and loses its partitions.
         # Full: poll without waiting, then wait on the completions (a freed slot wakes it).
-        timeout = 0.0 if startable or full else 0.005 if (self._checking or self._running) else 0.1
+        timeout = 0.0 if startable or full else 0.005 if (self._checking or self._execution.running) else 0.1
         deliveries = consumer.poll(self.config.poll_batch, timeout)
         if deliveries:
             self._admit(deliveries)
         elif full:
-            self._wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
+            self._execution.wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
         self._start_ready()
         self._collect()
         self._commits.take_settled()
@@ -298,12 +257,6 @@ class Worker:
         self._assignment_read_at = now
         for partition in consumer.assignment():
             self._first_seen.setdefault(partition, now)
-
-    def _wait_for_completion(self, timeout_s: float) -> None:
-        try:
-            self._early.append(self._completions.get(timeout=timeout_s))
-        except queue.Empty:
-            pass
 
     def _admit(self, deliveries: list[Delivery]) -> None:
         self.stats.received += len(deliveries)
@@ -455,16 +408,16 @@ class Worker:
         """
         buffers = self._buffers
         concurrency = self.config.concurrency
-        if self._busy < concurrency and any(buffers.values()) and not self.cancel_watch.fresh():
+        if self._execution.busy < concurrency and any(buffers.values()) and not self.cancel_watch.fresh():
             self.stats.waited_for_marks += 1
             return  # a cancel may have been written since: start nothing until the marks are read
         counts = self.cancel_watch.marks.counts
         recheck: list[Job] = []
-        while self._busy < concurrency:
+        while self._execution.busy < concurrency:
             total = sum(len(buffer) for buffer in buffers.values())
             if not total:
                 break
-            size = min(CHUNK_MAX, max(1, total // (concurrency - self._busy)))
+            size = min(CHUNK_MAX, max(1, total // (concurrency - self._execution.busy)))
             chunk: list[Job] = []
             while len(chunk) < size:
                 name, self._owed = (self._owed, None) if self._owed and buffers[self._owed] else (
@@ -475,7 +428,7 @@ class Worker:
                 if counts.get(job.shard, 0) != job.mark_seen:  # a cancel in its shard since it was placed
                     recheck.append(job)
                     continue
-                if not self._chunkable(job):
+                if not self._execution.chunkable(job):
                     if chunk:  # it runs alone, first thing next time round: its pick stands
                         buffers[name].appendleft(job)
                         self._owed = name
@@ -487,7 +440,7 @@ class Worker:
                 chunk.append(job)
             if not chunk:
                 break
-            self._launch(chunk)
+            self._execution.launch(chunk)
         if recheck:
             self._recheck(recheck)
 
@@ -500,134 +453,15 @@ class Worker:
             decoded += [(delivery, job.message) for delivery in (job.delivery, *job.followers)]
         self._send_to_check(decoded, [job.message.task.id for job in jobs], self.cancel_watch.marks, True)
 
-    def _chunkable(self, job: Job) -> bool:
-        handler = job.handler
-        return (not handler.is_async and handler.policy.timeout_s is None
-                and self._durations.get(handler.type, CHUNK_BELOW_S) < CHUNK_BELOW_S)
-
-    def _launch(self, jobs: list[Job]) -> None:
-        now = time.monotonic()
-        calls = []
-        for job in jobs:
-            task = job.message.task
-            timeout = job.handler.policy.timeout_s
-            job.started_at = now
-            job.deadline = None if timeout is None else now + timeout
-            self._running[job] = None
-            if self._on_started is not None:
-                self._on_started(job)
-            self._settler.submit(Plan(None, report=running_report(task)))
-            calls.append((job, Context(task, job.message.fence, self._ledger,
-                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self._instance)))
-        self.stats.started += len(jobs)
-        self.stats.launches += 1
-        self._busy += 1
-        if jobs[0].handler.is_async:
-            if self._loop is None:
-                self._start_loop()
-            assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(self._call_async(*calls[0]), self._loop)
-        else:
-            self._executor.submit(self._call, calls)
-
-    def _call(self, calls: list[tuple[Job, Context]]) -> None:
-        """On a handler thread: run each job of the chunk in turn."""
-        last = len(calls) - 1
-        for n, (job, context) in enumerate(calls):
-            if n and self._stop.is_set():
-                self._completions.put(Finished(job, None, frees_slot=n == last, skipped=True))
-                continue
-            self._completions.put(self._run_one(job, context, frees_slot=n == last))
-
-    def _run_one(self, job: Job, context: Context, *, frees_slot: bool) -> Finished:
-        try:
-            payload = decode_payload(job.message.task.payload)
-        except Exception as exc:  # a payload msgpack cannot read: no handler could
-            return Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}", frees_slot=frees_slot)
-        began = time.perf_counter()
-        try:
-            result = job.handler.function(context, payload)
-            if inspect.isawaitable(result):  # an async handler behind a plain wrapper
-                asyncio.run(_awaited(result))
-        except BaseException as exc:  # a handler's failure is an outcome, never the worker's
-            return Finished(job, exc, context=context, frees_slot=frees_slot,
-                            duration_s=time.perf_counter() - began)
-        return Finished(job, None, context=context, frees_slot=frees_slot, duration_s=time.perf_counter() - began)
-
-    async def _call_async(self, job: Job, context: Context) -> None:
-        try:
-            payload = decode_payload(job.message.task.payload)
-        except Exception as exc:
-            self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
-            return
-        try:
-            coroutine = job.handler.function(context, payload)
-            timeout = job.handler.policy.timeout_s
-            await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
-        except BaseException as exc:
-            self._completions.put(Finished(job, exc, context=context))
-            return
-        self._completions.put(Finished(job, None, context=context))
-
-    def _start_loop(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=loop.run_forever, name="handler-loop", daemon=True)
-        self._loop_thread.start()
-
-    def _stop_loop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        self._loop_thread.join(5)
-        if not self._loop_thread.is_alive():
-            loop.close()
-
     def _collect(self) -> None:
-        while True:
-            if self._early:
-                finished = self._early.pop()
+        for finished in self._execution.collect():
+            if finished.skipped:  # never run, never settled: delivered again to the next owner
+                self._active.pop((finished.job.message.task.id, finished.job.message.task.attempt), None)
             else:
-                try:
-                    finished = self._completions.get_nowait()
-                except queue.Empty:
-                    return
-            job = finished.job
-            if finished.frees_slot:
-                self._busy -= 1
-            if job.finished:  # a plain handler returning after its timeout was settled
-                self._zombies -= 1
-                continue
-            job.finished = True
-            del self._running[job]
-            if finished.skipped:
-                self.stats.started -= 1
-                self._active.pop((job.message.task.id, job.message.task.attempt), None)
-                continue  # never run, never settled: delivered again to the next owner
-            if finished.duration_s is not None:
-                held = self._durations.get(job.handler.type)
-                self._durations[job.handler.type] = finished.duration_s if held is None \
-                    else 0.8 * held + 0.2 * finished.duration_s
-            if finished.context is not None:
-                self.stats.effects_run += finished.context.effects_run
-                self.stats.effects_skipped += finished.context.effects_skipped
-            self._outcome(job, finished.error, finished.payload_error)
+                self._outcome(finished.job, finished.error, finished.payload_error)
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        for job in [job for job in self._running if job.deadline is not None and now > job.deadline]:
-            if job.handler.is_async:
-                continue  # wait_for cancels it and reports the timeout itself
-            job.finished = True
-            del self._running[job]
-            self._zombies += 1
-            self.stats.timed_out += 1
-            if self._zombies >= self.config.concurrency:
-                self.stats.stuck += 1
-                log.error("every handler thread is stuck past its timeout; stopping so that other workers "
-                          "take this worker's partitions")
-                self._stop.set()
-            error = TimeoutError(f"handler ran past its {job.handler.policy.timeout_s} s timeout")
+        for job, error in self._execution.expire():
             self._outcome(job, error, None)
 
     def _outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
@@ -675,16 +509,16 @@ class Worker:
             self._buffers[name].clear()  # never started: the next owner receives them
         consumer.pause(list(self.config.topics.values()))
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while (self._running or self._checking) and time.monotonic() < deadline:
+        while (self._execution.running or self._checking) and time.monotonic() < deadline:
             consumer.poll(self.config.poll_batch, 0.05)  # keeps the membership alive
             self._take_checked()
             self._collect()
             self._expire()
             self._commits.take_settled()
-        self.abandoned = len(self._running) + self._zombies
-        if self._running:
+        self.abandoned = len(self._execution.running) + self._execution.zombies
+        if self._execution.running:
             log.warning("%d handlers still running at the drain timeout; their tasks will be delivered again",
-                        len(self._running))
+                        len(self._execution.running))
         self._settler.begin_stop(max(1.0, deadline - time.monotonic()))
         while not self._settler.stopped():
             consumer.poll(self.config.poll_batch, 0.05)
