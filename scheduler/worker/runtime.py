@@ -1,113 +1,92 @@
 """`Worker`: consumes the ready topics of one pool, runs handlers, settles outcomes.
 
-Threads, and who owns what:
+The worker is an assembly of parts, each in a module of its own, and a main loop that
+calls into them:
 
-- the **main loop** (`run`) owns the consumer and every piece of bookkeeping: it polls,
-  decodes, checks each polled batch against the tasks' home rows, buffers runnable
-  tasks per topic, starts them in weighted order (`serving.WeightedServing`), turns
-  finished handlers into plans for the settler, and commits positions;
-- **handler threads** (a pool of `concurrency`) run plain handlers, and one **event
-  loop** thread runs `async def` handlers; together at most `concurrency` at a time;
-- the **settler** (`settle.Settler`) makes outcomes durable and hands them back.
+- `intake`: from a poll to a start: decoding, the home-row check (`CHECKS`), cancels,
+  merging repeats, the buffers per topic, the weighted order of starts, flow control;
+- `execution`: slots, handler threads, the event loop, each attempt's `Context`,
+  chunks, timeouts;
+- `outcomes`: what a finished attempt must make durable (a report, the next attempt
+  with its backoff, a dead letter), as a plan for the settler;
+- `settle`: the settler, which writes the plans and hands their deliveries back;
+- `commits`: received and settled offsets, and committing them;
+- `fences` (stale fencing tokens, counted and still run), `cancel_watch` (the copy of
+  the cancel marks), `stats` (the counters every part writes its own of).
 
 A message's life: polled → checked → buffered → started → finished → settled →
-committed. Its offset is committed only once it is settled (`progress.Progress`), so a
+committed. Its offset is committed only once it is settled (`commits`), so a
 worker killed at any step loses nothing: the group gives its partitions to another
 member, which receives again everything that was not committed.
 
-The check of the home row. Before running a message the worker may read the task's
-home row (one store query per partition per polled batch) and skip a task that is
-cancelled, done or dead, one whose home row reports a newer attempt, and one whose same
-attempt already failed (its retry is scheduled). If the check itself fails, the batch
-runs unchecked: a repeat is allowed, a stall is not. Which messages are checked is
-`WorkerConfig.check` (`CHECKS`):
+Threads, and who owns what. One rule: **the main loop owns all the bookkeeping**. Every
+other thread works on what it was handed and hands its result back through a queue; the
+two background readers (cancel marks, fencing tokens) only replace, one value at a
+time, something the main loop reads.
 
-- `suspect` (the default) checks the messages that can be repeats: retries
-  (attempt > 1); messages of a partition assigned to this worker less than
-  `suspect_window_s` ago (after a start or a rebalance, where the uncommitted tail of
-  the previous reader is delivered again); messages older than that window (a backlog,
-  or a re-fire); and messages with a stale fencing token. A fresh first attempt on a
-  steady partition is run without a read: at 9:00 that read would be one more store
-  request per task for nothing, since such a message is almost never a repeat, and
-  `ctx.once` still guards its effects if it is. The cost: a cancel that lands in the
-  second between a task's firing and its start may not stop it (a cancel never stops a
-  running attempt either);
-- `always` checks every message; `never` none.
+- the **main loop** (`run`) owns the consumer and every part's bookkeeping: intake's
+  buffers, active jobs and pauses; execution's slots, running jobs and zombies; the
+  commit positions; the fencing tokens (which the fences thread may only raise). It
+  hands work on by calling into the parts, and outcomes to the settler with
+  `Settler.submit`;
+- two **checker** threads (`intake`) read home rows; each checked batch comes back on
+  intake's checked queue (`Intake.take_checked`);
+- the **handler threads** (`concurrency` of them) and one **event loop** thread
+  (`execution`) run handlers, at most `concurrency` at a time; each result comes back
+  on the completions queue (`Execution.collect`);
+- the **settler** and its **completions** thread (`settle`) write the plans and tell
+  the shards' owners which attempts finished; settled deliveries come back on the
+  settled queue (`Commits.take_settled`);
+- the **cancel-marks** thread (`cancel_watch`) reads the marks every 200 ms and
+  replaces `CancelWatch.marks` whole; a short-lived **fences** thread (`fences`) reads
+  the shards' tokens now and then and raises a shard's token in place.
 
-Cancels are definite whatever `check` says (`scheduler.cancels`): a `CancelWatch`
-keeps the store's cancel marks, read every 200 ms. A message whose shard was marked
-within a few minutes of its task's time is checked before it is placed, and the check
-is then required (if it fails it is tried again, never skipped); a placed message whose
-shard's mark moved since is checked again before it starts; and nothing starts while
-the copy of the marks is older than `cancels.MAX_AGE_MS`.
+No locks: the queues are `queue.SimpleQueue`, and what other threads read without one
+(the counters, `Execution.running`, `Intake.paused_view`, the marks, a shard's token)
+is replaced or bumped one value at a time, so a reader sees it a moment old at worst.
+The consumer calls `_revoked` from inside `poll`, so on the main loop too. `stop()` (any
+thread, or `Execution.expire` when every slot is stuck) sets an event read by the main
+loop, the checker (a required check stops retrying) and the handler threads (a chunk's
+jobs not yet begun are skipped); `snapshot()` reads from the stats file's thread.
 
-Stale fencing tokens. Each message carries the token of the shard lease it was fired
-under; the worker learns each shard's current token from the store (`shards` table,
-refreshed every few seconds). A message with an older token came from a dispatcher that
-has since lost the shard. It is **counted (`stale_fence`) and run anyway**: the new owner
-re-fires only what is after the cursor the old owner persisted, so a stale message for
-a task at or before that cursor is the only copy there will ever be, and dropping it
-would lose the task. A stale copy that is a true duplicate is absorbed like any other
-repeat, by the home-row check and by `ctx.once`.
+One turn of the main loop: place what the checker returned; poll (never skipped: a
+member that stops polling loses its partitions) and admit the batch; start buffered jobs
+in free slots (`_start_ready`: nothing starts while the copy of the cancel marks is too
+old); settle what finished or timed out; take what the settler made durable; pause or
+resume topics; commit; refresh the fencing tokens. A job is released from intake's
+active set once its outcome is planned, so a later copy of the attempt may run again.
 
-Timeouts. An `async` handler past its timeout is cancelled. A plain handler cannot be
-stopped from outside its thread: past its timeout the attempt is settled as failed
-(and retried), the thread's eventual result is ignored, and its slot stays taken until
-it returns, so a stuck handler shows as lost concurrency, never as extra threads.
+Stale fencing tokens: a message fired under an older shard lease than the current one is
+counted (`stale_fence`) and run anyway, for the reason given in `fences`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import inspect
 import logging
-import math
-import queue
 import threading
 import time
-import traceback
-import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler import cancels
-from scheduler.errors import InvalidMessage, SchedulerError
-from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId, decode_message, decode_payload
-from scheduler.ports import (
-    CancelMarks,
-    Consumer,
-    Delivery,
-    EffectLedger,
-    Handoff,
-    Publisher,
-    StatusReport,
-    StoredTask,
-    TaskStatus,
-    TaskStore,
-    TopicPartition,
-)
-from scheduler.worker import dead_letters
-from scheduler.worker.app import App, Handler
+from scheduler.ports import Consumer, EffectLedger, Handoff, Publisher, TaskStore, TopicPartition
+from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
-from scheduler.worker.context import CLAIM_S, Context, EffectBusy
-from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
-from scheduler.worker.progress import Progress
-from scheduler.worker.serving import DEFAULT_WEIGHTS, WeightedServing
-from scheduler.worker.settle import Plan, Settler, running_report
-
-CHECKS = ("suspect", "always", "never")
+from scheduler.worker.commits import Commits
+from scheduler.worker.execution import CHUNK_MAX, Execution
+from scheduler.worker.fences import Fences
+from scheduler.worker.intake import CHECKS as CHECKS  # re-exported: the CLI's choices of --check
+from scheduler.worker.intake import Intake
+from scheduler.worker.job import Job
+from scheduler.worker.outcomes import Outcomes
+from scheduler.worker.serving import DEFAULT_WEIGHTS
+from scheduler.worker.settle import Settler
+from scheduler.worker.stats import WorkerStats, wall_clock_ms
 
 log = logging.getLogger(__name__)
 
 ConsumerFactory = Callable[[Callable[[list[TopicPartition]], None]], Consumer]
 """Makes the pool's consumer, given the callback for partitions taken away."""
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -135,81 +114,6 @@ class WorkerConfig:
     suspect_window_s: float = 30.0
 
 
-@dataclass
-class WorkerStats:
-    received: int = 0
-    started: int = 0
-    done: int = 0
-    retried: int = 0
-    dead: int = 0
-    skipped_cancelled: int = 0
-    skipped_finished: int = 0
-    skipped_superseded: int = 0
-    stale_fence: int = 0
-    undecodable: int = 0
-    unknown_type: int = 0
-    timed_out: int = 0
-    merged: int = 0
-    deferred: int = 0
-    stuck: int = 0
-    launches: int = 0
-    """Hand-offs to a handler thread or the event loop (below `started` when chunked)."""
-    check_failures: int = 0
-    cancel_checks: int = 0
-    """Messages checked because their shard had a cancel near their time."""
-    cancel_rechecks: int = 0
-    """Placed messages checked again before starting: their shard had a cancel since."""
-    waited_for_marks: int = 0
-    """Turns in which nothing started because the copy of the cancel marks was too old."""
-    commits: int = 0
-    commit_failures: int = 0
-    revoked: int = 0
-    effects_run: int = 0
-    effects_skipped: int = 0
-    served: dict[str, int] = field(default_factory=dict)
-    started_ms: int = field(default_factory=wall_clock_ms)
-
-
-@dataclass(eq=False)
-class Job:
-    """A message on its way through the worker."""
-
-    delivery: Delivery
-    message: Message
-    handler: Handler
-    topic: str
-    started_at: float = 0.0
-    deadline: float | None = None
-    finished: bool = False
-    followers: list[Delivery] = field(default_factory=list)
-    """Deliveries of the same attempt that arrived while this one was held."""
-    shard: int = 0
-    mark_seen: int = 0
-    """Its shard's cancel count when it was placed: a start under another count checks again."""
-
-
-@dataclass(slots=True)
-class Finished:
-    job: Job
-    error: BaseException | None
-    payload_error: str | None = None
-    context: Context | None = None
-    frees_slot: bool = True
-    """The last job of its chunk (or a job run alone): its thread is free again."""
-    skipped: bool = False
-    """Not run: the worker was stopping before the job's turn in its chunk came."""
-    duration_s: float | None = None
-
-
-CHUNK_BELOW_S = 0.001
-"""Plain handlers of a type whose recent runs averaged less than this are started in
-chunks; slower ones, one per thread."""
-
-
-CHUNK_MAX = 16
-"""Most plain jobs handed to one handler thread at once (see `Worker._start_ready`)."""
-
-
 class Worker:
     """Runs one pool's handlers; `run()` blocks until `stop()` (or SIGTERM via the CLI)."""
 
@@ -232,55 +136,28 @@ class Worker:
         self.config = config
         self.stats = WorkerStats(served=dict.fromkeys(config.topics, 0))
         self._consumer_factory = consumer_factory
-        self._store = store
-        self._ledger = ledger
-        self._clock_ms = clock_ms
-        self._on_started = on_started
-        self._short_names = {topic: name for name, topic in config.topics.items()}
-        self._buffers: dict[str, deque[Job]] = {name: deque() for name in config.topics}
-        self._paused: set[str] = set()
-        self._paused_view: tuple[str, ...] = ()
-        self._owed: str | None = None
-        """A topic picked whose job was put back to start alone: it goes first next."""
-        """A copy of `_paused` for other threads (the stats writer)."""
-        self._serving = WeightedServing({name: config.weights.get(name, 1) for name in config.topics})
-        self._progress = Progress()
-        self._running: dict[Job, None] = {}
-        self._busy = 0
-        self._active: dict[tuple[TaskId, int], Job] = {}
-        """Jobs buffered or running, by (task, attempt)."""
-        self._durations: dict[str, float] = {}
-        """Recent mean handler time by task type (seconds), for chunking."""
-        """Slots in use: handler threads running a chunk, and `async` jobs."""
-        self._zombies = 0
-        self._completions: queue.SimpleQueue[Finished] = queue.SimpleQueue()
-        self._early: list[Finished] = []
-        self._checker = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="checker")
-        self._checked: queue.SimpleQueue[tuple[list[tuple[Delivery, Message]], dict[TaskId, StoredTask] | None,
-                                               dict[TopicPartition, int], CancelMarks]] = queue.SimpleQueue()
-        self.cancel_watch = CancelWatch(store)
-        self._checking = 0
-        self._revoked_count: dict[TopicPartition, int] = {}
-        self._first_seen: dict[TopicPartition, float] = {}
-        """When each partition was assigned to this worker (monotonic)."""
-        self._assignment_read_at = 0.0
-        self._settled: queue.SimpleQueue[list[Delivery]] = queue.SimpleQueue()
-        self._fences: dict[int, int] = {}
-        self._fence_shards: set[int] = set()
-        self._fences_read_at = 0.0
+        self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._stopped = threading.Event()
+        self.abandoned = 0
+        """Handlers still running when `run` returned (past the drain timeout)."""
+        self.cancel_watch = CancelWatch(store)
+        self._commits = Commits(self.stats, interval_s=config.commit_interval_s)
         self._settler = Settler(
             store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
-            on_settled=self._settled.put, clock_ms=clock_ms,
+            on_settled=self._commits.settled, clock_ms=clock_ms,
         )
-        self._executor = concurrent.futures.ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._consumer: Consumer | None = None
-        self.abandoned = 0
-        self._instance = f"{config.member}-{uuid.uuid4().hex[:8]}"
-        """This process's name in effect claims: unique even if two share a member name."""
-        """Handlers still running when `run` returned (past the drain timeout)."""
+        self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms)
+        self._fences = Fences(store, self.stats, shard_count=config.shard_count, refresh_s=config.fence_refresh_s)
+        self._intake = Intake(
+            app, self.stats, topics=config.topics, weights=config.weights, store=store,
+            cancel_watch=self.cancel_watch, fences=self._fences, commits=self._commits, outcomes=self._outcomes,
+            stop=self._stop, clock_ms=clock_ms, shard_count=config.shard_count, check=config.check,
+            suspect_window_s=config.suspect_window_s, poll_batch=config.poll_batch,
+            buffer_per_topic=config.buffer_per_topic, max_outstanding=config.max_outstanding,
+        )
+        self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
+                                    settle=self._settler.submit, stop=self._stop, on_started=on_started)
 
     # Control.
 
@@ -294,18 +171,17 @@ class Worker:
     def snapshot(self) -> dict[str, Any]:
         stats = {k: v for k, v in vars(self.stats).items()}
         stats["settler"] = dict(vars(self._settler.stats))
-        stats["running"] = len(self._running)
-        stats["zombies"] = self._zombies
-        stats["buffered"] = {name: len(buffer) for name, buffer in self._buffers.items()}
-        stats["paused"] = list(self._paused_view)
+        stats["running"] = len(self._execution.running)
+        stats["zombies"] = self._execution.zombies
+        stats["buffered"] = self._intake.buffered_by_topic()
+        stats["paused"] = list(self._intake.paused_view)
         return stats
 
     def run(self) -> None:
         self.cancel_watch.read_once()  # before the first poll: starts wait for it anyway
         self.cancel_watch.start()
         self._settler.start()
-        if any(handler.is_async for handler in self.app.handlers()):
-            self._start_loop()
+        self._execution.start(self.app.handlers())
         consumer = self._consumer = self._consumer_factory(self._revoked)
         try:
             while not self._stop.is_set():
@@ -313,10 +189,10 @@ class Worker:
             self._drain(consumer)
         except BaseException:
             # A bug or a fatal queue error: keep what is already settled, then fail loudly.
-            self.abandoned = len(self._running) + self._zombies
+            self.abandoned = len(self._execution.running) + self._execution.zombies
             try:
-                self._take_settled()
-                self._maybe_commit(consumer, force=True)
+                self._commits.take_settled()
+                self._commits.maybe_commit(consumer, force=True)
             except BaseException:
                 log.exception("committing the settled positions on the way out failed as well")
             raise
@@ -324,190 +200,38 @@ class Worker:
             try:
                 consumer.close()
             finally:
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._checker.shutdown(wait=False, cancel_futures=True)
+                self._intake.close()
                 self.cancel_watch.stop()
-                self._stop_loop()
+                self._execution.close()
                 self._stopped.set()
 
     # The main loop.
 
     def _turn(self, consumer: Consumer) -> None:
-        self._take_checked()
-        self._note_assignment(consumer)
-        full = self._busy >= self.config.concurrency
-        startable = not full and any(self._buffers.values())
+        intake, execution = self._intake, self._execution
+        intake.take_checked()
+        intake.note_assignment(consumer)
+        full = execution.busy >= self.config.concurrency
+        startable = not full and intake.has_buffered()
         # Poll every turn, even with every topic paused: a member that stops polling
         # is taken for dead and loses its partitions.
         # Full: poll without waiting, then wait on the completions (a freed slot wakes it).
-        timeout = 0.0 if startable or full else 0.005 if (self._checking or self._running) else 0.1
+        timeout = 0.0 if startable or full else 0.005 if (intake.checking or execution.running) else 0.1
         deliveries = consumer.poll(self.config.poll_batch, timeout)
         if deliveries:
-            self._admit(deliveries)
+            intake.admit(deliveries)
         elif full:
-            self._wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
+            execution.wait_for_completion(0.005)  # a slot frees when a handler finishes: wake then
         self._start_ready()
         self._collect()
-        self._take_settled()
+        self._commits.take_settled()
         self._expire()
-        self._flow_control(consumer)
-        self._maybe_commit(consumer)
-        self._maybe_refresh_fences()
-
-    def _note_assignment(self, consumer: Consumer) -> None:
-        """Record when each partition was assigned to this worker (at most every 0.1 s):
-        the start of its window of suspect messages."""
-        now = time.monotonic()
-        if now - self._assignment_read_at < 0.1:
-            return
-        self._assignment_read_at = now
-        for partition in consumer.assignment():
-            self._first_seen.setdefault(partition, now)
-
-    def _wait_for_completion(self, timeout_s: float) -> None:
-        try:
-            self._early.append(self._completions.get(timeout=timeout_s))
-        except queue.Empty:
-            pass
-
-    def _admit(self, deliveries: list[Delivery]) -> None:
-        self.stats.received += len(deliveries)
-        decoded: list[tuple[Delivery, Message]] = []
-        for delivery in deliveries:
-            self._progress.received((delivery.topic, delivery.partition), delivery.offset)
-            try:
-                decoded.append((delivery, decode_message(delivery.value)))
-            except InvalidMessage as exc:
-                self.stats.undecodable += 1
-                self._dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
-        marks = self.cancel_watch.marks
-        shard_count = self.config.shard_count
-        suspects: list[TaskId] = []
-        required = False
-        for delivery, message in decoded:
-            self._note_fence(message)
-            task = message.task
-            if cancels.needs_check(marks.at.get(task.id.shard(shard_count)), task.run_at_ms):
-                self.stats.cancel_checks += 1
-                required = True
-                suspects.append(task.id)
-            elif self._suspect(delivery, message):
-                suspects.append(task.id)
-        if not suspects:
-            self._place(decoded, {}, marks)
-            return
-        self._send_to_check(decoded, suspects, marks, required)
-
-    def _send_to_check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId], marks: CancelMarks,
-                       required: bool) -> None:
-        # The check is store I/O: it runs on the checker thread, so the main loop goes on
-        # starting and settling work meanwhile. A batch whose partitions are revoked
-        # before it returns is dropped (`_revoked_count`): the next owner has it.
-        self._checking += len(decoded)
-        revocations = {p: self._revoked_count.get(p, 0) for p in {(d.topic, d.partition) for d, _ in decoded}}
-        self._checker.submit(self._check, decoded, suspects, revocations, marks, required)
-
-    def _check(self, decoded: list[tuple[Delivery, Message]], suspects: list[TaskId],
-               revocations: dict[TopicPartition, int], marks: CancelMarks, required: bool = False) -> None:
-        """On the checker thread; whatever happens, the batch goes back to the main loop.
-        A `required` check (a cancel may concern the batch) is tried until it succeeds or
-        the worker stops; another runs unchecked if it fails."""
-        homes: dict[TaskId, StoredTask] | None = None
-        delay = 0.1
-        try:
-            homes = self._homes(suspects)
-            while homes is None and required and not self._stop.wait(delay):
-                delay = min(delay * 2, 2.0)
-                homes = self._homes(suspects)
-        finally:  # stopping with a required check undone: `_take_checked` drops the batch
-            self._checked.put((decoded, homes, revocations, marks))
-
-    def _take_checked(self) -> None:
-        while True:
-            try:
-                decoded, homes, revocations, marks = self._checked.get_nowait()
-            except queue.Empty:
-                return
-            self._checking -= len(decoded)
-            if self._stop.is_set():
-                continue  # draining: never started, so delivered again to the next owner
-            kept = [(d, m) for d, m in decoded
-                    if self._revoked_count.get((d.topic, d.partition), 0) == revocations[(d.topic, d.partition)]]
-            self._place(kept, homes, marks)
-
-    def _place(self, decoded: list[tuple[Delivery, Message]], homes: dict[TaskId, StoredTask] | None,
-               marks: CancelMarks) -> None:
-        """Skip what the home rows say must not run; buffer the rest by topic, each with
-        its shard's cancel count as `marks` had it."""
-        shard_count = self.config.shard_count
-        for delivery, message in decoded:
-            task = message.task
-            if homes is not None and self._skip(task.attempt, homes.get(task.id)):
-                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
-                continue
-            handler = self.app.lookup(task.type)
-            if handler is None:
-                self.stats.unknown_type += 1
-                self._dead(delivery, message, dead_letters.UNKNOWN_TYPE,
-                           f"no handler for task type {task.type!r} in app {self.app.name!r}")
-                continue
-            key = (task.id, task.attempt)
-            active = self._active.get(key)
-            if active is not None:
-                # The same attempt again while this worker still holds it: after a
-                # rebalance hands back a partition whose messages were in flight, or a
-                # copy a dispatcher published twice. Run it once; settle both.
-                active.followers.append(delivery)
-                self.stats.merged += 1
-                continue
-            name = self._short_names.get(delivery.topic, next(iter(self._buffers)))
-            shard = task.id.shard(shard_count)
-            job = self._active[key] = Job(delivery, message, handler, name, shard=shard,
-                                          mark_seen=marks.counts.get(shard, 0))
-            self._buffers[name].append(job)
-
-    def _suspect(self, delivery: Delivery, message: Message) -> bool:
-        """Whether to check this message against its home row (see `CHECKS`)."""
-        check = self.config.check
-        if check != "suspect":
-            return check == "always"
-        partition = (delivery.topic, delivery.partition)
-        now = time.monotonic()
-        first_seen = self._first_seen.setdefault(partition, now)  # normally set by `_note_assignment`
-        return (
-            message.task.attempt > 1
-            or now - first_seen < self.config.suspect_window_s
-            or self._clock_ms() - delivery.timestamp_ms > self.config.suspect_window_s * 1000
-            or message.fence < self._fences.get(message.task.id.shard(self.config.shard_count), 0)
-        )
-
-    def _homes(self, ids: list[TaskId]) -> dict[TaskId, StoredTask] | None:
-        if not ids:
-            return {}
-        try:
-            return self._store.get_many(ids)
-        except Exception as exc:  # any failure: run unchecked rather than stall
-            self.stats.check_failures += 1
-            log.warning("home-row check of %d tasks failed; running them unchecked: %s", len(ids), exc)
-            return None
-
-    def _skip(self, attempt: int, home: StoredTask | None) -> bool:
-        """Whether the home row says this attempt must not run (see the module docstring)."""
-        if home is None:
-            return False
-        if home.status is TaskStatus.CANCELLED:
-            self.stats.skipped_cancelled += 1
-            return True
-        if home.status.finished:
-            self.stats.skipped_finished += 1
-            return True
-        if home.status_attempt > attempt or (home.status_attempt == attempt and home.status is TaskStatus.FAILED):
-            self.stats.skipped_superseded += 1
-            return True
-        return False
+        intake.flow_control(consumer)
+        self._commits.maybe_commit(consumer)
+        self._fences.maybe_refresh()
 
     def _start_ready(self) -> None:
-        """Start buffered jobs while slots are free, in weighted order.
+        """Start buffered jobs while slots are free, in weighted order (`Intake.next_chunk`).
 
         A slot is a handler thread (or an `async` job). Under a backlog, jobs of a fast
         type (recent runs under `CHUNK_BELOW_S` on average) are handed to a thread in
@@ -518,394 +242,66 @@ class Worker:
         while other threads idle), jobs with a timeout, and `async` jobs. With a short
         backlog, chunks shrink to one job each.
         """
-        buffers = self._buffers
+        intake, execution = self._intake, self._execution
         concurrency = self.config.concurrency
-        if self._busy < concurrency and any(buffers.values()) and not self.cancel_watch.fresh():
+        if execution.busy < concurrency and intake.has_buffered() and not self.cancel_watch.fresh():
             self.stats.waited_for_marks += 1
             return  # a cancel may have been written since: start nothing until the marks are read
         counts = self.cancel_watch.marks.counts
         recheck: list[Job] = []
-        while self._busy < concurrency:
-            total = sum(len(buffer) for buffer in buffers.values())
+        while execution.busy < concurrency:
+            total = intake.buffered()
             if not total:
                 break
-            size = min(CHUNK_MAX, max(1, total // (concurrency - self._busy)))
-            chunk: list[Job] = []
-            while len(chunk) < size:
-                name, self._owed = (self._owed, None) if self._owed and buffers[self._owed] else (
-                    self._serving.pick(lambda topic: bool(buffers[topic])), None)
-                if name is None:
-                    break
-                job = buffers[name].popleft()
-                if counts.get(job.shard, 0) != job.mark_seen:  # a cancel in its shard since it was placed
-                    recheck.append(job)
-                    continue
-                if not self._chunkable(job):
-                    if chunk:  # it runs alone, first thing next time round: its pick stands
-                        buffers[name].appendleft(job)
-                        self._owed = name
-                        break
-                    self.stats.served[name] = self.stats.served.get(name, 0) + 1
-                    chunk.append(job)
-                    break
-                self.stats.served[name] = self.stats.served.get(name, 0) + 1
-                chunk.append(job)
+            size = min(CHUNK_MAX, max(1, total // (concurrency - execution.busy)))
+            chunk = intake.next_chunk(size, counts, execution.chunkable, recheck)
             if not chunk:
                 break
-            self._launch(chunk)
+            execution.launch(chunk)
         if recheck:
-            self._recheck(recheck)
-
-    def _recheck(self, jobs: list[Job]) -> None:
-        """Send placed jobs back through a required check: their shard had a cancel since."""
-        self.stats.cancel_rechecks += len(jobs)
-        decoded: list[tuple[Delivery, Message]] = []
-        for job in jobs:
-            self._active.pop((job.message.task.id, job.message.task.attempt), None)
-            decoded += [(delivery, job.message) for delivery in (job.delivery, *job.followers)]
-        self._send_to_check(decoded, [job.message.task.id for job in jobs], self.cancel_watch.marks, True)
-
-    def _chunkable(self, job: Job) -> bool:
-        handler = job.handler
-        return (not handler.is_async and handler.policy.timeout_s is None
-                and self._durations.get(handler.type, CHUNK_BELOW_S) < CHUNK_BELOW_S)
-
-    def _launch(self, jobs: list[Job]) -> None:
-        now = time.monotonic()
-        calls = []
-        for job in jobs:
-            task = job.message.task
-            timeout = job.handler.policy.timeout_s
-            job.started_at = now
-            job.deadline = None if timeout is None else now + timeout
-            self._running[job] = None
-            if self._on_started is not None:
-                self._on_started(job)
-            self._settler.submit(Plan(None, report=running_report(task)))
-            calls.append((job, Context(task, job.message.fence, self._ledger,
-                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self._instance)))
-        self.stats.started += len(jobs)
-        self.stats.launches += 1
-        self._busy += 1
-        if jobs[0].handler.is_async:
-            if self._loop is None:
-                self._start_loop()
-            assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(self._call_async(*calls[0]), self._loop)
-        else:
-            self._executor.submit(self._call, calls)
-
-    def _call(self, calls: list[tuple[Job, Context]]) -> None:
-        """On a handler thread: run each job of the chunk in turn."""
-        last = len(calls) - 1
-        for n, (job, context) in enumerate(calls):
-            if n and self._stop.is_set():
-                self._completions.put(Finished(job, None, frees_slot=n == last, skipped=True))
-                continue
-            self._completions.put(self._run_one(job, context, frees_slot=n == last))
-
-    def _run_one(self, job: Job, context: Context, *, frees_slot: bool) -> Finished:
-        try:
-            payload = decode_payload(job.message.task.payload)
-        except Exception as exc:  # a payload msgpack cannot read: no handler could
-            return Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}", frees_slot=frees_slot)
-        began = time.perf_counter()
-        try:
-            result = job.handler.function(context, payload)
-            if inspect.isawaitable(result):  # an async handler behind a plain wrapper
-                asyncio.run(_awaited(result))
-        except BaseException as exc:  # a handler's failure is an outcome, never the worker's
-            return Finished(job, exc, context=context, frees_slot=frees_slot,
-                            duration_s=time.perf_counter() - began)
-        return Finished(job, None, context=context, frees_slot=frees_slot, duration_s=time.perf_counter() - began)
-
-    async def _call_async(self, job: Job, context: Context) -> None:
-        try:
-            payload = decode_payload(job.message.task.payload)
-        except Exception as exc:
-            self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
-            return
-        try:
-            coroutine = job.handler.function(context, payload)
-            timeout = job.handler.policy.timeout_s
-            await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
-        except BaseException as exc:
-            self._completions.put(Finished(job, exc, context=context))
-            return
-        self._completions.put(Finished(job, None, context=context))
-
-    def _start_loop(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        self._loop_thread = threading.Thread(target=loop.run_forever, name="handler-loop", daemon=True)
-        self._loop_thread.start()
-
-    def _stop_loop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        self._loop_thread.join(5)
-        if not self._loop_thread.is_alive():
-            loop.close()
+            intake.recheck(recheck)
 
     def _collect(self) -> None:
-        while True:
-            if self._early:
-                finished = self._early.pop()
+        for finished in self._execution.collect():
+            if finished.skipped:  # never run, never settled: delivered again to the next owner
+                self._intake.release(finished.job)
             else:
-                try:
-                    finished = self._completions.get_nowait()
-                except queue.Empty:
-                    return
-            job = finished.job
-            if finished.frees_slot:
-                self._busy -= 1
-            if job.finished:  # a plain handler returning after its timeout was settled
-                self._zombies -= 1
-                continue
-            job.finished = True
-            del self._running[job]
-            if finished.skipped:
-                self.stats.started -= 1
-                self._active.pop((job.message.task.id, job.message.task.attempt), None)
-                continue  # never run, never settled: delivered again to the next owner
-            if finished.duration_s is not None:
-                held = self._durations.get(job.handler.type)
-                self._durations[job.handler.type] = finished.duration_s if held is None \
-                    else 0.8 * held + 0.2 * finished.duration_s
-            if finished.context is not None:
-                self.stats.effects_run += finished.context.effects_run
-                self.stats.effects_skipped += finished.context.effects_skipped
-            self._outcome(job, finished.error, finished.payload_error)
+                self._settle(finished.job, finished.error, finished.payload_error)
 
     def _expire(self) -> None:
-        now = time.monotonic()
-        for job in [job for job in self._running if job.deadline is not None and now > job.deadline]:
-            if job.handler.is_async:
-                continue  # wait_for cancels it and reports the timeout itself
-            job.finished = True
-            del self._running[job]
-            self._zombies += 1
-            self.stats.timed_out += 1
-            if self._zombies >= self.config.concurrency:
-                self.stats.stuck += 1
-                log.error("every handler thread is stuck past its timeout; stopping so that other workers "
-                          "take this worker's partitions")
-                self._stop.set()
-            error = TimeoutError(f"handler ran past its {job.handler.policy.timeout_s} s timeout")
-            self._outcome(job, error, None)
+        for job, error in self._execution.expire():
+            self._settle(job, error, None)
 
-    def _outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        self._plan_outcome(job, error, payload_error)
-        self._active.pop((job.message.task.id, job.message.task.attempt), None)
-        for delivery in job.followers:  # settled once the outcome itself is
-            self._settler.submit(Plan(delivery))
-
-    def _plan_outcome(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        task = job.message.task
-        delivery = job.delivery
-        if error is None:
-            self.stats.done += 1
-            self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
-            return
-        text = describe(error)
-        policy = job.handler.policy
-        if payload_error is not None:
-            self._dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error)
-            return
-        if is_permanent(error, policy):
-            self._dead(delivery, job.message, dead_letters.PERMANENT, text)
-            return
-        if isinstance(error, TimeoutError) and job.handler.is_async:
-            self.stats.timed_out += 1
-        if isinstance(error, EffectBusy):
-            # Another copy of this attempt holds the effect's claim right now: try this
-            # copy again later as the same attempt, with no report. It costs no attempt,
-            # and it can never end the task `dead` while the other copy ends it `done`.
-            wait_s = max(1.0, backoff_s(task.attempt, policy))
-            self.stats.deferred += 1
-            self._settler.submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
-            return
-        if task.attempt >= attempts_allowed(task.max_attempts, policy):
-            self._dead(delivery, job.message, dead_letters.EXHAUSTED, text)
-            return
-        delay_s = retry_delay_s(error, task.attempt, policy)
-        retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
-        self.stats.retried += 1
-        self._settler.submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
-                                  retry=retry))
-
-    def _dead(self, delivery: Delivery, message: Message | None, reason: str, error: str) -> None:
-        self.stats.dead += 1
-        task = None if message is None else message.task
-        task_id = task.id if task is not None else _id_of(delivery.value)
-        letter = dead_letters.DeadLetter(
-            message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,
-            type=task.type if task else None, attempt=task.attempt if task else 0, reason=reason, error=error,
-            source_topic=delivery.topic, dead_at_ms=self._clock_ms(),
-        )
-        report = None
-        if task is not None:
-            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, dead_letters.bounded(f"{reason}: {error}"))
-        log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
-        self._settler.submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
-
-    def _take_settled(self) -> None:
-        while True:
-            try:
-                deliveries = self._settled.get_nowait()
-            except queue.Empty:
-                return
-            for delivery in deliveries:
-                self._progress.settle((delivery.topic, delivery.partition), delivery.offset)
-
-    def _flow_control(self, consumer: Consumer) -> None:
-        """Pause a topic whose buffer is full (resume at half), and every topic while
-        too much is in hand: at the checker, or received and not yet settled (a store
-        outage must not turn into unbounded memory and handlers running ahead of it)."""
-        limit = self.config.buffer_per_topic
-        held = (self._checking >= 4 * self.config.poll_batch
-                or self._progress.outstanding() >= self.config.max_outstanding)
-        for name, buffer in self._buffers.items():
-            full = len(buffer) >= limit or (name in self._paused and len(buffer) >= limit // 2)
-            want = held or full
-            if want and name not in self._paused:
-                consumer.pause([self.config.topics[name]])
-                self._paused.add(name)
-            elif not want and name in self._paused:
-                consumer.resume([self.config.topics[name]])
-                self._paused.discard(name)
-        self._paused_view = tuple(sorted(self._paused))
-
-    _last_commit = 0.0
-
-    def _maybe_commit(self, consumer: Consumer, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last_commit < self.config.commit_interval_s:
-            return
-        self._last_commit = now
-        # Every known position, not only those that moved: a commit the queue dropped
-        # (Kafka drops one made while the group rebalances) is made again next time.
-        positions = self._progress.positions()
-        if not positions:
-            return
-        try:
-            consumer.commit(positions)
-        except SchedulerError as exc:
-            self.stats.commit_failures += 1
-            log.warning("commit failed (the messages will be delivered again if this worker dies): %s", exc)
-            return
-        self.stats.commits += 1
+    def _settle(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+        self._outcomes.settle(job, error, payload_error)
+        self._intake.release(job)
 
     def _revoked(self, partitions: list[TopicPartition]) -> None:
         """Partitions taken away (called inside `poll`): commit what is settled of them,
         drop their buffered messages; their unsettled ones go to the next owner."""
         self.stats.revoked += len(partitions)
-        self._take_settled()
-        lost = set(partitions)
-        positions = {p: pos for p, pos in self._progress.positions().items() if p in lost}
-        if positions and self._consumer is not None:
-            try:
-                self._consumer.commit(positions)
-            except SchedulerError as exc:
-                log.warning("commit of revoked partitions failed: %s", exc)
-        self._progress.forget(partitions)
-        for partition in partitions:
-            self._first_seen.pop(partition, None)
-            self._revoked_count[partition] = self._revoked_count.get(partition, 0) + 1
-        for name, buffer in self._buffers.items():
-            kept = [job for job in buffer if (job.delivery.topic, job.delivery.partition) not in lost]
-            if len(kept) != len(buffer):
-                for job in buffer:
-                    if (job.delivery.topic, job.delivery.partition) in lost:
-                        self._active.pop((job.message.task.id, job.message.task.attempt), None)
-                self._buffers[name] = deque(kept)
+        self._commits.revoked(self._consumer, partitions)
+        self._intake.revoked(partitions)
 
     def _drain(self, consumer: Consumer) -> None:
         """Stop starting work, let running handlers finish, settle, commit."""
-        for name in self._buffers:
-            self._buffers[name].clear()  # never started: the next owner receives them
+        intake, execution = self._intake, self._execution
+        intake.clear()
         consumer.pause(list(self.config.topics.values()))
         deadline = time.monotonic() + self.config.drain_timeout_s
-        while (self._running or self._checking) and time.monotonic() < deadline:
+        while (execution.running or intake.checking) and time.monotonic() < deadline:
             consumer.poll(self.config.poll_batch, 0.05)  # keeps the membership alive
-            self._take_checked()
+            intake.take_checked()
             self._collect()
             self._expire()
-            self._take_settled()
-        self.abandoned = len(self._running) + self._zombies
-        if self._running:
+            self._commits.take_settled()
+        self.abandoned = len(execution.running) + execution.zombies
+        if execution.running:
             log.warning("%d handlers still running at the drain timeout; their tasks will be delivered again",
-                        len(self._running))
+                        len(execution.running))
         self._settler.begin_stop(max(1.0, deadline - time.monotonic()))
         while not self._settler.stopped():
             consumer.poll(self.config.poll_batch, 0.05)
-            self._take_settled()
-        self._take_settled()
-        self._maybe_commit(consumer, force=True)
-
-    # Fencing tokens.
-
-    def _note_fence(self, message: Message) -> bool:
-        """Count a stale token, learn a newer one; always True (used inside a filter)."""
-        shard = message.task.id.shard(self.config.shard_count)
-        self._fence_shards.add(shard)
-        current = self._fences.get(shard)
-        if current is not None and message.fence < current:
-            self.stats.stale_fence += 1
-        elif current is None or message.fence > current:
-            self._fences[shard] = message.fence
-        return True
-
-    def _maybe_refresh_fences(self) -> None:
-        now = time.monotonic()
-        if now - self._fences_read_at < self.config.fence_refresh_s or not self._fence_shards:
-            return
-        self._fences_read_at = now
-        shards, self._fence_shards = self._fence_shards, set()
-        threading.Thread(target=self._refresh_fences, args=(shards,), name="fences", daemon=True).start()
-
-    def _refresh_fences(self, shards: set[int]) -> None:
-        for shard in shards:
-            try:
-                token = self._store.read_shard(shard).lease_token
-            except SchedulerError:
-                return
-            if token is not None and token > self._fences.get(shard, -1):
-                self._fences[shard] = token
-
-
-MAX_RETRY_DELAY_S = 7 * 86_400.0
-"""Longest wait a handler may ask for with `RetryableError(delay_s=...)`."""
-
-
-def retry_delay_s(error: BaseException, failed_attempt: int, policy: Policy) -> float:
-    """The handler's own `delay_s` if it is a sane number of seconds, else the backoff.
-    (A NaN, a negative or an absurd delay must not crash the main loop of every worker
-    the message reaches.)"""
-    asked = error.delay_s if isinstance(error, RetryableError) else None
-    if isinstance(asked, int | float) and math.isfinite(asked) and 0 <= asked <= MAX_RETRY_DELAY_S:
-        return float(asked)
-    if asked is not None:
-        log.warning("ignoring RetryableError(delay_s=%r): not a number of seconds from 0 to %d", asked,
-                    MAX_RETRY_DELAY_S)
-    return backoff_s(failed_attempt, policy)
-
-
-def describe(error: BaseException) -> str:
-    """The error as a dead letter or a status shows it: type, message, and the last
-    frames of the traceback (bounded)."""
-    frames = traceback.format_exception(error, limit=-3)
-    return dead_letters.bounded("".join(frames).strip())
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
-
-
-def _id_of(value: bytes) -> TaskId | None:
-    """The task id of an undecodable message, if its bytes still hold one."""
-    try:
-        return TaskId.from_bytes(value[MESSAGE_ID_SLICE])
-    except SchedulerError:
-        return None
+            self._commits.take_settled()
+        self._commits.take_settled()
+        self._commits.maybe_commit(consumer, force=True)

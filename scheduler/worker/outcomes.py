@@ -1,0 +1,135 @@
+"""`Outcomes`: what a finished attempt must make durable before its message may be
+committed, decided on the main loop and queued for the settler as a `settle.Plan`.
+
+- done: a `done` report;
+- the payload cannot be decoded, a permanent error (`policy.is_permanent`), or the
+  last attempt allowed failed: a dead letter (`dead_letters`) and a `dead` report;
+- `EffectBusy` (another copy of the same attempt holds an effect's claim): the same
+  attempt again after the backoff (at least 1 s), with no report;
+- any other failure: a `failed` report and the next attempt, stored to run after the
+  handler's own `RetryableError(delay_s=...)` if it is sane, else the backoff with
+  full jitter (`retry_delay_s`).
+
+A message that never reaches a handler (undecodable, or of a type the app has no
+handler for) is dead-lettered through `dead` as well. Deliveries merged into a job (the
+same attempt received twice) are settled with it, after its own plan, with nothing to
+write. The settler (`settle`) does the writing; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import traceback
+from collections.abc import Callable
+from dataclasses import replace
+
+from scheduler.errors import SchedulerError
+from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId
+from scheduler.ports import Delivery, StatusReport, TaskStatus
+from scheduler.worker import dead_letters
+from scheduler.worker.context import EffectBusy
+from scheduler.worker.job import Job
+from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
+from scheduler.worker.settle import Plan
+from scheduler.worker.stats import WorkerStats
+
+log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
+
+
+class Outcomes:
+    """Turns outcomes into plans for `submit` (the settler's queue); counts `done`,
+    `retried`, `deferred`, `dead` and the timeouts of `async` handlers."""
+
+    def __init__(self, stats: WorkerStats, submit: Callable[[Plan], None], clock_ms: Callable[[], int]) -> None:
+        self._stats = stats
+        self._submit = submit
+        self._clock_ms = clock_ms
+
+    def settle(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+        """Plan the job's outcome (`error` None: done), then settle its followers."""
+        self._plan(job, error, payload_error)
+        for delivery in job.followers:  # settled once the outcome itself is
+            self._submit(Plan(delivery))
+
+    def _plan(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+        task = job.message.task
+        delivery = job.delivery
+        if error is None:
+            self._stats.done += 1
+            self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
+            return
+        text = describe(error)
+        policy = job.handler.policy
+        if payload_error is not None:
+            self.dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error)
+            return
+        if is_permanent(error, policy):
+            self.dead(delivery, job.message, dead_letters.PERMANENT, text)
+            return
+        if isinstance(error, TimeoutError) and job.handler.is_async:
+            self._stats.timed_out += 1
+        if isinstance(error, EffectBusy):
+            # Another copy of this attempt holds the effect's claim right now: try this
+            # copy again later as the same attempt, with no report. It costs no attempt,
+            # and it can never end the task `dead` while the other copy ends it `done`.
+            wait_s = max(1.0, backoff_s(task.attempt, policy))
+            self._stats.deferred += 1
+            self._submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
+            return
+        if task.attempt >= attempts_allowed(task.max_attempts, policy):
+            self.dead(delivery, job.message, dead_letters.EXHAUSTED, text)
+            return
+        delay_s = retry_delay_s(error, task.attempt, policy)
+        retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
+        self._stats.retried += 1
+        self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
+                          retry=retry))
+
+    def dead(self, delivery: Delivery, message: Message | None, reason: str, error: str) -> None:
+        """Dead-letter the delivery (`message` None: it could not be decoded)."""
+        self._stats.dead += 1
+        task = None if message is None else message.task
+        task_id = task.id if task is not None else _id_of(delivery.value)
+        letter = dead_letters.DeadLetter(
+            message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,
+            type=task.type if task else None, attempt=task.attempt if task else 0, reason=reason, error=error,
+            source_topic=delivery.topic, dead_at_ms=self._clock_ms(),
+        )
+        report = None
+        if task is not None:
+            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, dead_letters.bounded(f"{reason}: {error}"))
+        log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
+        self._submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
+
+
+MAX_RETRY_DELAY_S = 7 * 86_400.0
+"""Longest wait a handler may ask for with `RetryableError(delay_s=...)`."""
+
+
+def retry_delay_s(error: BaseException, failed_attempt: int, policy: Policy) -> float:
+    """The handler's own `delay_s` if it is a sane number of seconds, else the backoff.
+    (A NaN, a negative or an absurd delay must not crash the main loop of every worker
+    the message reaches.)"""
+    asked = error.delay_s if isinstance(error, RetryableError) else None
+    if isinstance(asked, int | float) and math.isfinite(asked) and 0 <= asked <= MAX_RETRY_DELAY_S:
+        return float(asked)
+    if asked is not None:
+        log.warning("ignoring RetryableError(delay_s=%r): not a number of seconds from 0 to %d", asked,
+                    MAX_RETRY_DELAY_S)
+    return backoff_s(failed_attempt, policy)
+
+
+def describe(error: BaseException) -> str:
+    """The error as a dead letter or a status shows it: type, message, and the last
+    frames of the traceback (bounded)."""
+    frames = traceback.format_exception(error, limit=-3)
+    return dead_letters.bounded("".join(frames).strip())
+
+
+def _id_of(value: bytes) -> TaskId | None:
+    """The task id of an undecodable message, if its bytes still hold one."""
+    try:
+        return TaskId.from_bytes(value[MESSAGE_ID_SLICE])
+    except SchedulerError:
+        return None
