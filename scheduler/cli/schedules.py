@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 import click
 
 from scheduler import wiring
-from scheduler.cli import Exit, backend_settings, cli, parse_payload, store_options, tenant_option
+from scheduler.cli.options import Exit, backend_settings, parse_payload, store_options, tenant_option
 from scheduler.errors import InvalidSchedule
 from scheduler.model import Priority, from_ms, to_ms
 from scheduler.ports import CancelOutcome, ScheduleStore
@@ -42,7 +42,7 @@ def _named(schedules: ScheduleStore, tenant: str, name: str) -> Schedule:
     return found
 
 
-@cli.group()
+@click.group()
 def schedule() -> None:
     """Recurring schedules: a cron expression in a time zone that creates a task per slot.
 

@@ -14,13 +14,13 @@ from typing import Any
 import click
 
 from scheduler import wiring
-from scheduler.cli import Exit, backend_settings, cli, store_options
+from scheduler.cli.options import Exit, backend_settings, store_options
 from scheduler.errors import InvalidTask
 from scheduler.fairness.limits import Limits, LimitsError, TenantLimits, check_cap, check_rate, check_weight
 from scheduler.model import check_name
 
 
-@cli.group()
+@click.group()
 def limits() -> None:
     """Fairness between tenants: plan weights, concurrency caps and rates.
 
