@@ -11,7 +11,7 @@ and `main`, which turns the scheduler's errors into exit codes.
     schedules.py     schedule add|list|pause|resume|delete|preview
     demo.py          demo
 
-A command's options become settings in its module; `wiring` picks the adapters, and
+A command's options become settings in its module; `backends` opens the adapters, and
 producers come from `scheduler.connect`, as applications get theirs. The command
 modules import what they share from `options`, never from here.
 """

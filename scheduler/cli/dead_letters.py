@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from scheduler import wiring
+from scheduler import backends
 from scheduler.cli.options import Exit, backend_settings, store_options
 from scheduler.errors import SchedulerError
 from scheduler.model import decode_message, decode_payload, from_ms
@@ -26,7 +26,7 @@ def _letters(backend: str, db: Path, options: dict[str, Any]) -> tuple[list[Any]
     from scheduler.worker.dead_letters import waiting
 
     settings = backend_settings(backend, db, **options)
-    with wiring.open_dead_letters(settings) as (scanner, _):
+    with backends.open_dead_letters(settings) as (scanner, _):
         deliveries = scanner.scan(settings.kafka.dead_letter_topic)
     letters, replayed, unreadable = waiting(deliveries)
     return letters, len(replayed), unreadable
@@ -96,8 +96,8 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
         raise click.UsageError("name the letters to replay (see `scheduler dlq list`) or pass --all")
     settings = backend_settings(backend, db, **options)
     failed = 0
-    with wiring.open_store(settings) as store, wiring.open_handoff(settings, store.shard_count) as handoff, \
-            wiring.open_dead_letters(settings) as (scanner, publisher):
+    with backends.open_store(settings) as store, backends.open_handoff(settings, store.shard_count) as handoff, \
+            backends.open_dead_letters(settings) as (scanner, publisher):
         waiting_letters, _, _ = waiting(scanner.scan(settings.kafka.dead_letter_topic))
         by_name = {letter.letter: letter for letter in waiting_letters}
         if replay_all:

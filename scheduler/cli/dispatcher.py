@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from scheduler import wiring
+from scheduler import backends
 from scheduler.cli.options import Exit, backend_settings, store_options
 from scheduler.settings import ZooKeeperSettings
 
@@ -90,7 +90,7 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
                                            session_timeout_s=lease_timeout_s)
     settings = backend_settings(backend, db, zookeeper=zookeeper, **options)
     name = member or f"{socket.gethostname()}-{os.getpid()}"
-    with wiring.open_dispatcher_parts(settings, name) as parts:
+    with backends.open_dispatcher_parts(settings, name) as parts:
         config = DispatcherConfig(
             member=name, shards=parse_shards(shards, parts.store.shard_count), tick_ms=tick_ms,
             lease_timeout_s=lease_timeout_s,

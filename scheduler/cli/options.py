@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from scheduler import connecting, wiring
+from scheduler import backends, connecting
+from scheduler.backends import BackendSettings
 from scheduler.model import DEFAULT_MAX_ATTEMPTS
 from scheduler.ports import Handoff, TaskStore
 from scheduler.settings import (
@@ -31,7 +32,6 @@ from scheduler.settings import (
     ZooKeeperSettings,
     split_hosts,
 )
-from scheduler.wiring import BackendSettings
 
 if TYPE_CHECKING:
     from scheduler.producer import Client
@@ -127,7 +127,7 @@ def backend_settings(backend: str, db: Path, *, kafka_bootstrap: str, topic_pref
 
 @contextmanager
 def open_store(backend: str, db: Path, **options: Any) -> Iterator[TaskStore]:
-    with wiring.open_store(backend_settings(backend, db, **options)) as store:
+    with backends.open_store(backend_settings(backend, db, **options)) as store:
         yield store
 
 

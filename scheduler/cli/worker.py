@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from scheduler import wiring
+from scheduler import backends
+from scheduler.backends import POOL_TOPICS
 from scheduler.cli.options import Exit, backend_settings, store_options
-from scheduler.wiring import POOL_TOPICS
 from scheduler.worker.runtime import CHECKS
 
 
@@ -71,7 +71,7 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
         raise click.UsageError(f"{app_spec} has no handlers registered")
     name = member or f"{socket.gethostname()}-{os.getpid()}"
     settings = backend_settings(backend, db, **options)
-    with wiring.open_worker_parts(settings, name, pool, session_timeout_s) as parts:
+    with backends.open_worker_parts(settings, name, pool, session_timeout_s) as parts:
         config = WorkerConfig(
             member=name, pool=pool, topics=parts.topics, dead_letter_topic=parts.dead_letter_topic,
             concurrency=concurrency, drain_timeout_s=drain_timeout_s, shard_count=parts.store.shard_count,
