@@ -73,9 +73,9 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
-from scheduler.adapters.cassandra.store import CassandraTaskStore, named_queries
-from scheduler.adapters.embedded.store import _UPSERT, SCHEMA, SqliteTaskStore
-from scheduler.adapters.embedded.store import PRAGMAS as SQLITE_PRAGMAS
+from scheduler.adapters.cassandra.queries import insert_task_statement
+from scheduler.adapters.cassandra.store import CassandraTaskStore
+from scheduler.adapters.embedded.store import SqliteTaskStore, open_raw_task_file, write_task_rows
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.model import BUCKET_MS, DEFAULT_MAX_ATTEMPTS, Priority, TaskId, encode_payload, from_ms
 from scheduler.producer import DEFAULT_CHUNK_SIZE, Client, Submission, SubmitReport
@@ -163,8 +163,8 @@ def mean_payload_bytes(workload: Workload, sample: int = 1000) -> float:
 
 
 def raw_rows(workload: Workload, count: int, seed: int, shard_count: int, *, sqlite: bool) -> list[tuple[Any, ...]]:
-    """The rows the stores write for these tasks (`CassandraTaskStore._row`,
-    `SqliteTaskStore._row_values`), built with plain types: the id as a uuid.UUID for
+    """The rows the stores write for these tasks (as `insert_task_statement` and
+    `write_task_rows` describe them), built with plain types: the id as a uuid.UUID for
     the driver, as 16 bytes for SQLite."""
     rows = []
     normal = Priority.NORMAL.code
@@ -301,7 +301,7 @@ def cassandra_raw(connection: CassandraConnection, target: Target, options: Opti
                   workload: Workload) -> dict[str, Any]:
     assert target.cassandra is not None
     session = connection.session
-    insert = session.prepare(named_queries(target.cassandra.keyspace)["insert_task"])
+    insert = session.prepare(insert_task_statement(target.cassandra.keyspace))
     shards = target.cassandra.shard_count
     send_batches(session, insert, raw_rows(workload.warmup, options.warmup, 1, shards, sqlite=False), options)
     rows = raw_rows(workload, options.tasks, 2, shards, sqlite=False)
@@ -315,27 +315,19 @@ def cassandra_raw(connection: CassandraConnection, target: Target, options: Opti
             "rows_per_s": round(len(rows) / seconds), "keyspace": target.name}
 
 
-def sqlite_connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None)
-    for pragma in (*SQLITE_PRAGMAS, "synchronous=FULL"):  # the store's own settings
-        db.execute(f"PRAGMA {pragma}")
-    return db
-
-
 def write_transactions(db: sqlite3.Connection, rows: Sequence[tuple[Any, ...]], chunk: int,
                        on_written: Callable[[int], None] = lambda _: None) -> None:
     for start in range(0, len(rows), chunk):
         db.execute("BEGIN IMMEDIATE")
-        db.executemany(_UPSERT, rows[start:start + chunk])
+        write_task_rows(db, rows[start:start + chunk])
         db.execute("COMMIT")
         on_written(min(chunk, len(rows) - start))
 
 
 def embedded_raw(target: Target, options: Options, workload: Workload) -> dict[str, Any]:
     assert target.path is not None
-    db = sqlite_connect(target.path)
+    db = open_raw_task_file(target.path)  # the store's own settings and tables
     try:
-        db.executescript(SCHEMA)
         write_transactions(db, raw_rows(workload.warmup, options.warmup, 1, 64, sqlite=True), options.chunk_size)
         rows = raw_rows(workload, options.tasks, 2, 64, sqlite=True)
         with progress_bar("embedded raw", len(rows)) as bar, inputs_frozen():

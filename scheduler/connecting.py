@@ -46,12 +46,12 @@ from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 
-from scheduler import wiring
+from scheduler import backends
+from scheduler.backends import BackendSettings
 from scheduler.errors import ConfigError
 from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, valid_max_attempts
 from scheduler.producer import Client
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
-from scheduler.wiring import BackendSettings
 
 BACKENDS = ("embedded", "cassandra")
 
@@ -119,8 +119,8 @@ def connect(
     if not valid_max_attempts(default_max_attempts):
         raise ConfigError(f"max attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {default_max_attempts!r}")
     with ExitStack() as stack:
-        store = stack.enter_context(wiring.open_store(settings))
-        handoff = stack.enter_context(wiring.open_handoff(settings, store.shard_count, check=True))
+        store = stack.enter_context(backends.open_store(settings))
+        handoff = stack.enter_context(backends.open_handoff(settings, store.shard_count, check=True))
         opened = stack.pop_all()
     try:
         return Client(store, tenant=tenant, handoff=handoff, default_max_attempts=default_max_attempts,

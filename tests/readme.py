@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import scheduler
-from scheduler import wiring
+from scheduler import backends
 from scheduler.connecting import backend_settings
 from scheduler.handoff import HandedTask, decode
 from scheduler.model import TaskId, decode_message
@@ -154,7 +154,7 @@ def check_readme_examples(env: Mapping[str, str], directory: Path, dispatchers: 
         wait_until(lambda: dispatcher.stats().get("stats", {}).get("handed_tasks", 0) >= len(submitted),
                    timeout_s=10, what="the dispatcher to count the tasks handed off to it")
 
-        with wiring.open_dead_letters(settings) as (scanner, _):  # a scanner of any topic
+        with backends.open_dead_letters(settings) as (scanner, _):  # a scanner of any topic
             handoffs = [decode(d.value) for d in scanner.scan(settings.kafka.handoff_topic)]
             fired = [(decode_message(d.value).task, d.timestamp_ms)
                      for name in READY_TOPICS for d in scanner.scan(settings.kafka.ready_topic(name))]

@@ -174,7 +174,7 @@ class WorkerFleet:
                 continue
             if member.exit_race():
                 warnings.append(f"{member.name} exited 1 after draining: its final stats writes collided "
-                                "(scheduler/worker_commands.py writes the stats file from two threads at exit)")
+                                "(scheduler/cli/worker.py writes the stats file from two threads at exit)")
             else:
                 failures.append(f"{member.name} exited with status {code}")
         return failures, warnings

@@ -46,7 +46,8 @@ from typing import Any, Protocol
 
 import scheduler
 from bench.writes.figures import SCHEDULE, NotWritten, Seen, Written, bound_ms, seen
-from scheduler import wiring
+from scheduler import backends
+from scheduler.backends import BackendSettings
 from scheduler.connecting import backend_settings
 from scheduler.errors import InvalidMessage, SchedulerError
 from scheduler.model import Task, TaskId, decode_message, encode_payload, from_ms
@@ -55,7 +56,6 @@ from scheduler.producer import Client
 from scheduler.recurring.runner import run_id
 from scheduler.recurring.schedule import schedule_id
 from scheduler.settings import READY_TOPICS
-from scheduler.wiring import BackendSettings
 
 OFFSETS_MS = (-60_000, -30_000, -5_000, -1_000, 0, 500, 2_000, 5_000)
 SDK_PATHS = ("connect", "client", "insert")
@@ -227,7 +227,7 @@ def add_schedule(producers: Producers, n: int) -> Written | NotWritten:
     _, at = answer.last()
     if answer.code != 0:
         return NotWritten(SCHEDULE, None, f"exit {answer.code}: {answer.stderr[-1000:]}")
-    with wiring.open_schedules(producers.settings, producers.store) as schedules:
+    with backends.open_schedules(producers.settings, producers.store) as schedules:
         stored = schedules.get(schedule_id(TENANT, name))
     if stored is None:
         return NotWritten(SCHEDULE, None, f"schedule {name} was added but cannot be read back")
@@ -257,7 +257,7 @@ def write_everything(producers: Producers, plan: Plan) -> tuple[list[Written], l
 def published(settings: BackendSettings) -> dict[TaskId, list[int]]:
     """Every task in the ready topics, with the stamp of each of its messages (ms)."""
     found: dict[TaskId, list[int]] = {}
-    with wiring.open_dead_letters(settings) as (scanner, _):  # a scanner of any topic
+    with backends.open_dead_letters(settings) as (scanner, _):  # a scanner of any topic
         for name in READY_TOPICS:
             for delivery in scanner.scan(settings.kafka.ready_topic(name)):
                 try:

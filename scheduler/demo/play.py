@@ -26,7 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
-from scheduler import wiring
+from scheduler import backends
 from scheduler.connecting import backend_settings, connect
 from scheduler.errors import SchedulerError, StoreUnavailable
 from scheduler.model import TaskId
@@ -113,7 +113,7 @@ def play(options: DemoOptions, console: Console) -> dict[str, Any]:
 
 @contextmanager
 def _backend(options: DemoOptions, directory: Path,
-             console: Console) -> Iterator[tuple[wiring.BackendSettings, list[str], dict[str, str]]]:
+             console: Console) -> Iterator[tuple[backends.BackendSettings, list[str], dict[str, str]]]:
     """The settings of the demo's own client, the backend arguments and environment of
     its processes; for `local`, a deployment of its own, removed afterwards."""
     if options.backend == "embedded":
@@ -139,20 +139,20 @@ def _backend(options: DemoOptions, directory: Path,
         remove()
         raise
     try:
-        settings = wiring.BackendSettings("cassandra", directory / "unused.db", deployment.cassandra,
+        settings = backends.BackendSettings("cassandra", directory / "unused.db", deployment.cassandra,
                                           deployment.kafka, deployment.zookeeper)
         yield settings, ["--backend", "cassandra"], deployment.env()
     finally:
         remove()
 
 
-def _story(options: DemoOptions, settings: wiring.BackendSettings, client: Client, fleet: Fleet,
+def _story(options: DemoOptions, settings: backends.BackendSettings, client: Client, fleet: Fleet,
            gateway: Gateway, console: Console) -> dict[str, Any]:
     story = options.story
     store = client.store
     stage = Stage(began_ms=now_ms())
     if story.sms_rate is not None:
-        with wiring.open_limits(settings, store) as limits:
+        with backends.open_limits(settings, store) as limits:
             limits.set_global_rate(story.sms_rate)  # read by the dispatchers as they start
     with Board(console) as board:
         for n in (1, 2):
@@ -202,7 +202,7 @@ def _story(options: DemoOptions, settings: wiring.BackendSettings, client: Clien
             time.sleep(TICK_S)
         else:
             stage.note("the demo stopped waiting: not every task ended in time")
-    with wiring.open_dead_letters(settings) as (scanner, _):
+    with backends.open_dead_letters(settings) as (scanner, _):
         from scheduler.worker.dead_letters import waiting
 
         letters, _replayed, _unreadable = waiting(scanner.scan(settings.kafka.dead_letter_topic))

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.cassandra.queries import named_queries
 from scheduler.adapters.cassandra.store import (
     MAX_ERROR_CHARS,
     CassandraTaskStore,
     bounded_error,
-    named_queries,
     status_write_timestamp_us,
 )
 from scheduler.errors import StoreError

@@ -84,7 +84,7 @@ def test_missing_topics_are_only_a_warning_and_tasks_due_later_go_in(
     keyspace: CassandraSettings, cluster: Cluster, caplog: pytest.LogCaptureFixture,
 ) -> None:
     unmade = KafkaSettings(bootstrap=cluster.kafka.bootstrap, topic_prefix=unique_name("t"))
-    with caplog.at_level(logging.WARNING, logger="scheduler.wiring"):
+    with caplog.at_level(logging.WARNING, logger="scheduler.backends"):
         with scheduler.connect(tenant="college", env=env_of(keyspace, unmade)) as client:
             task_id = client.submit("sms", delay=3600)
             assert client.get(task_id) is not None

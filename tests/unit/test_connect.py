@@ -21,6 +21,7 @@ from scheduler.handoff import HandedTask, decode
 from scheduler.model import TaskId
 from scheduler.producer import Client, Submission
 from scheduler.settings import CassandraSettings, KafkaSettings
+from scheduler.worker import App, Context
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +65,11 @@ def test_the_package_exports_connect_and_imports_no_driver() -> None:
         capture_output=True, text=True, timeout=30, check=True,
     )
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_public_api_is_the_package_and_names_nothing_private() -> None:
+    assert scheduler.__all__ and all(not name.startswith("_") and hasattr(scheduler, name) for name in scheduler.__all__)
+    assert (scheduler.App, scheduler.Context, scheduler.StoreError) == (App, Context, StoreError)
 
 
 def test_by_default_the_embedded_backend_in_the_data_directory(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ from typing import Any
 from scheduler.adapters.embedded.effects import SqliteEffectLedger
 from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.adapters.embedded.store import SqliteTaskStore
+from scheduler.backends import POOL_TOPICS
 from scheduler.handoff import LogHandoff
 from scheduler.model import Priority, Task, TaskId, encode_message, encode_payload
 from scheduler.ports import StoredTask
 from scheduler.settings import KafkaSettings
-from scheduler.wiring import POOL_TOPICS
 from scheduler.worker.app import App
 from scheduler.worker.runtime import Worker, WorkerConfig
 from tests.worker import apps

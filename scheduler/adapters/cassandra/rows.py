@@ -1,5 +1,7 @@
 """Task rows for `insert_task`, status rows for `set_status`, and the id lists of
-`read_tasks`, serialised here instead of by the driver's binding.
+`read_tasks`, serialised here instead of by the driver's binding; and the task rows read
+back, made into `StoredTask`s (`stored_task`, `home_row`) or, when they cannot be read,
+`BadRow`s (`bad_row`).
 
 Why: on the submit path the driver's `PreparedStatement.bind` costs ~10 µs per row
 (a type lookup, a `ColDesc` tuple and a serialiser call per value), more than all the
@@ -24,13 +26,16 @@ driver's own binding byte for byte.
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from typing import Any
 
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, BoundStatement, PreparedStatement
 
 from scheduler.errors import StoreError
-from scheduler.model import Task, TaskId
-from scheduler.ports import TaskStatus
+from scheduler.model import Partition, Priority, Task, TaskId, to_ms
+from scheduler.ports import BadRow, StoredTask, TaskStatus
 
 INSERT_COLUMNS = (
     ("minute_bucket", "timestamp"),
@@ -161,3 +166,56 @@ def clustering_keys(task_ids: Sequence[TaskId]) -> bytes:
     return _INT32(len(task_ids)) + b"".join(
         [_CLUSTERING_KEY(32, 8, task_id.run_at_ms, 16, task_id.value.to_bytes(16)) for task_id in task_ids]
     )
+
+
+def as_utc(moment: datetime) -> datetime:
+    """`moment` as an aware UTC time: the driver reads timestamps as naive UTC datetimes."""
+    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
+
+
+def stored_task(row: Sequence[Any]) -> StoredTask:
+    """A row of `read_range` or `read_task` as a `StoredTask` (a row written before the
+    cost column existed reads as cost 1); raises what a row that is not a task makes it raise."""
+    (run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
+     error, cost) = row
+    task = Task(
+        id=TaskId.from_uuid(task_uuid), tenant=tenant, type=type_, payload=payload,
+        run_at_ms=to_ms(as_utc(run_at)), priority=Priority.from_code(priority), attempt=attempt,
+        max_attempts=max_attempts, idempotency_key=key, cost=1 if cost is None else cost,
+    )
+    return StoredTask(
+        task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error or None
+    )
+
+
+def bad_row(partition: Partition, row: Sequence[Any], error: Exception) -> BadRow:
+    """A row `stored_task` could not read, with its columns as plain values."""
+    names = ("run_at", "task_id", "tenant", "type", "priority", "payload", "attempt", "max_attempts",
+             "idempotency_key", "status", "status_attempt", "last_error", "cost")
+    fields: dict[str, object] = {}
+    for name, value in zip(names, row, strict=True):
+        if isinstance(value, datetime):
+            value = to_ms(as_utc(value))
+        elif isinstance(value, uuid.UUID):
+            value = value.bytes
+        fields[name] = value
+    run_at = fields["run_at"]
+    task_id = fields["task_id"]
+    return BadRow(partition, run_at if isinstance(run_at, int) else 0,
+                  task_id if isinstance(task_id, bytes) else bytes(16), fields, f"{type(error).__name__}: {error}")
+
+
+_STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
+_STATUSES.update({None: TaskStatus.SCHEDULED, "": TaskStatus.SCHEDULED})
+
+
+def home_row(task_id: TaskId, row: Sequence[Any]) -> StoredTask:
+    """A `read_tasks` row of `task_id`'s home row, on `get_many`'s hot path: the id and
+    `run_at` are the caller's, and the fields, checked when the task was inserted, are
+    not checked again (about half the cost of building a row)."""
+    _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error, cost = row
+    task = Task.unchecked(
+        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key,
+        1 if cost is None else cost,
+    )
+    return StoredTask(task, _STATUSES[status], status_attempt or 0, error or None)

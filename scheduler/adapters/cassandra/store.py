@@ -44,15 +44,11 @@ queries are best all in flight at once).
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from importlib import resources
 from typing import Any, TypeVar
 
 from cassandra.cluster import NoHostAvailable, ResponseFuture, Session
@@ -69,11 +65,11 @@ from cassandra.query import (
 from scheduler import cancels
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
+from scheduler.adapters.cassandra.queries import named_queries
 from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import (
     BUCKET_MS,
     Partition,
-    Priority,
     Task,
     TaskId,
     check_in_partition,
@@ -121,20 +117,6 @@ MAX_ERROR_CHARS = 2000
 """Longest error text kept with a status (see `bounded_error`)."""
 TUPLES = "scheduler.tuples"
 """Execution profile returning plain tuples: a third cheaper to build than named tuples."""
-
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-
-
-def named_queries(keyspace: str) -> dict[str, str]:
-    """The statements of `queries.cql` by name, for `keyspace`, comment lines removed."""
-    text = resources.files("scheduler.adapters.cassandra").joinpath("queries.cql").read_text(encoding="utf-8")
-    parts = _NAME.split(text)
-    queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).format(keyspace=keyspace)
-    return queries
-
 
 def bounded_error(error: str | None) -> str | None:
     """`error` cut to at most `MAX_ERROR_CHARS` characters, the cut marked with how much
@@ -340,9 +322,9 @@ class CassandraTaskStore:
                 if row[2] is None:  # a row holding only a status (a report for a missing row)
                     continue
                 try:
-                    stored = _stored_task(row)
+                    stored = rows.stored_task(row)
                 except ROW_ERRORS as exc:
-                    hand_over(_bad_row(partition, row, exc), on_bad_row)
+                    hand_over(rows.bad_row(partition, row, exc), on_bad_row)
                     continue
                 yield stored
         except DRIVER_ERRORS as exc:
@@ -364,11 +346,11 @@ class CassandraTaskStore:
             statement = self._q["count_buckets"].bind((moments, shard, from_ms(through_ms)))
         else:
             statement = self._q["count_buckets_after"].bind((moments, shard, from_ms(after_ms), from_ms(through_ms)))
-        return {to_ms(_utc(bucket)): int(count) for bucket, count in self._execute(statement) if count}
+        return {to_ms(rows.as_utc(bucket)): int(count) for bucket, count in self._execute(statement) if count}
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
-        return _stored_task(row) if row is not None and row[2] is not None else None
+        return rows.stored_task(row) if row is not None and row[2] is not None else None
 
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
         groups: dict[tuple[int, int], list[TaskId]] = defaultdict(list)
@@ -403,7 +385,7 @@ class CassandraTaskStore:
             for row in answer:
                 if row[1] is not None:  # a row holding only a status is not a task
                     task_id = wanted[row[0]]
-                    found[task_id] = _home_row(task_id, row)
+                    found[task_id] = rows.home_row(task_id, row)
         return found
 
     def _key(self, task_id: TaskId) -> tuple[object, ...]:
@@ -444,8 +426,8 @@ class CassandraTaskStore:
                              "cancel it again") from exc
 
     def read_cancel_marks(self) -> CancelMarks:
-        at = {int(shard): to_ms(_utc(moment)) for shard, moment in self._execute(self._q["read_cancel_at"].bind(()))
-              if moment is not None}
+        at = {int(shard): to_ms(rows.as_utc(moment))
+              for shard, moment in self._execute(self._q["read_cancel_at"].bind(())) if moment is not None}
         counts = {int(shard): int(n) for shard, n in self._execute(self._q["read_cancel_counts"].bind(()))
                   if n is not None}
         return CancelMarks(at, counts)
@@ -491,7 +473,7 @@ class CassandraTaskStore:
         if row is None:
             return ShardState(shard, None, None, None)
         owner, token, fired_through, baselines = row
-        return ShardState(shard, owner, token, None if fired_through is None else to_ms(_utc(fired_through)),
+        return ShardState(shard, owner, token, None if fired_through is None else to_ms(rows.as_utc(fired_through)),
                           None if baselines is None else {int(bucket): int(n) for bucket, n in baselines.items()})
 
     def advance_shard(self, shard: int, token: int, fired_through_ms: int,
@@ -593,55 +575,5 @@ def _tuple_profile(connection: CassandraConnection) -> Any:
     )
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _stored_task(row: Sequence[Any]) -> StoredTask:
-    (run_at, task_uuid, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt,
-     error, cost) = row
-    task = Task(
-        id=TaskId.from_uuid(task_uuid), tenant=tenant, type=type_, payload=payload,
-        run_at_ms=to_ms(_utc(run_at)), priority=Priority.from_code(priority), attempt=attempt,
-        max_attempts=max_attempts, idempotency_key=key, cost=1 if cost is None else cost,
-    )
-    return StoredTask(
-        task, TaskStatus(status) if status else TaskStatus.SCHEDULED, status_attempt or 0, error or None
-    )
-
-
-def _bad_row(partition: Partition, row: Sequence[Any], error: Exception) -> BadRow:
-    """A row `_stored_task` could not read, with its columns as plain values."""
-    names = ("run_at", "task_id", "tenant", "type", "priority", "payload", "attempt", "max_attempts",
-             "idempotency_key", "status", "status_attempt", "last_error", "cost")
-    fields: dict[str, object] = {}
-    for name, value in zip(names, row, strict=True):
-        if isinstance(value, datetime):
-            value = to_ms(_utc(value))
-        elif isinstance(value, uuid.UUID):
-            value = value.bytes
-        fields[name] = value
-    run_at = fields["run_at"]
-    task_id = fields["task_id"]
-    return BadRow(partition, run_at if isinstance(run_at, int) else 0,
-                  task_id if isinstance(task_id, bytes) else bytes(16), fields, f"{type(error).__name__}: {error}")
-
-
-_STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
-_STATUSES.update({None: TaskStatus.SCHEDULED, "": TaskStatus.SCHEDULED})
-
-
-def _home_row(task_id: TaskId, row: Sequence[Any]) -> StoredTask:
-    """A `read_tasks` row of `task_id`'s home row, on `get_many`'s hot path: the id and
-    `run_at` are the caller's, and the fields, checked when the task was inserted, are
-    not checked again (about half the cost of building a row)."""
-    _, tenant, type_, priority, payload, attempt, max_attempts, key, status, status_attempt, error, cost = row
-    task = Task.unchecked(
-        task_id, tenant, type_, payload, task_id.run_at_ms, Priority.from_code(priority), attempt, max_attempts, key,
-        1 if cost is None else cost,
-    )
-    return StoredTask(task, _STATUSES[status], status_attempt or 0, error or None)

@@ -25,7 +25,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -406,6 +406,26 @@ class SqliteTaskStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def open_raw_task_file(path: str | Path) -> sqlite3.Connection:
+    """A connection to the task store file at `path` with the store's own settings
+    (`PRAGMAS`, synchronous=FULL) and tables, in autocommit mode, to write rows with
+    `write_task_rows` and no store in between, e.g. for `bench/ingest.py`'s raw ceiling:
+    what the file takes. The store's meta rows (shard count, creation time) are not
+    written. Raises `sqlite3.Error`."""
+    db = open_db(path, busy_timeout_s=30.0, pragmas=(*PRAGMAS, "synchronous=FULL"))
+    with immediate(db) as opened:
+        create_tables(opened, SCHEMA)
+    return db
+
+
+def write_task_rows(db: sqlite3.Connection, rows: Iterable[Sequence[object]]) -> None:
+    """Write task rows as `SqliteTaskStore.insert` does, inside the caller's transaction:
+    an upsert that keeps a row's status. A row, in order: minute_bucket, shard, run_at
+    (ms), task_id (16 bytes), tenant, type, priority code, payload (msgpack bytes),
+    attempt, max_attempts, idempotency_key (or None) and cost."""
+    db.executemany(_UPSERT, rows)
 
 
 def add_missing_columns(db: sqlite3.Connection) -> None:

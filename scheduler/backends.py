@@ -1,5 +1,14 @@
-"""Which adapters make up each backend, for the CLI and `scheduler.connect`: the one place
-that picks drivers.
+"""Opens the configured backend's adapters: the task store, and beside it the schedules,
+the limits and the producer's hand-off; everything a dispatcher or a worker talks to; the
+dead-letter topic. `BackendSettings` says which backend and where its files or servers
+are (`scheduler.connecting.backend_settings` resolves them from arguments and
+`SCHEDULER_*` variables). The one place that picks drivers, and only when something is
+opened: importing this module loads none.
+
+`scheduler.connect` opens a producer's store and hand-off here, and the processes and
+commands of `scheduler.cli` open theirs here too, so an application and the CLI wire a
+backend the same way. Each `open_*` is a context manager that closes what it opened,
+also when opening a later part fails. The backends:
 
 - `embedded`: the SQLite task store (`--db`), a SQLite log beside it (`queue.db`) and a
   SQLite coordinator (`coordinator.db`); processes on one machine share all three.

@@ -13,14 +13,14 @@ from typing import Any
 
 import click
 
-from scheduler import wiring
-from scheduler.cli import Exit, backend_settings, cli, store_options
+from scheduler import backends
+from scheduler.cli.options import Exit, backend_settings, store_options
 from scheduler.errors import InvalidTask
 from scheduler.fairness.limits import Limits, LimitsError, TenantLimits, check_cap, check_rate, check_weight
 from scheduler.model import check_name
 
 
-@cli.group()
+@click.group()
 def limits() -> None:
     """Fairness between tenants: plan weights, concurrency caps and rates.
 
@@ -112,7 +112,7 @@ def limits_set(tenant: str | None, is_default: bool, is_global: bool, weight: st
         raise click.UsageError(str(exc)) from None
 
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_limits(settings, store) as stored:
+    with backends.open_store(settings) as store, backends.open_limits(settings, store) as stored:
         if is_global:
             stored.set_global_rate(changes["rate"])
             click.echo(f"global: rate {_show(changes['rate'])}")
@@ -133,7 +133,7 @@ def limits_set(tenant: str | None, is_default: bool, is_global: bool, weight: st
 def limits_show(tenant: str | None, as_json: bool, backend: str, db: Path, **options: Any) -> None:
     """Print the global rate, the default, and each tenant's limits ("none": no limit)."""
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_limits(settings, store) as stored:
+    with backends.open_store(settings) as store, backends.open_limits(settings, store) as stored:
         current = stored.read()
     tenants = dict(sorted(current.tenants.items()))
     if tenant is not None:
@@ -170,7 +170,7 @@ def limits_reset(tenant: str, backend: str, db: Path, **options: Any) -> None:
     if not tenant:
         raise click.BadParameter("a tenant is a non-empty name", param_hint="--tenant")
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_limits(settings, store) as stored:
+    with backends.open_store(settings) as store, backends.open_limits(settings, store) as stored:
         deleted = stored.delete_tenant(tenant)
     if not deleted:
         click.echo(f"tenant {tenant!r} has no limits of its own (the default's apply already)", err=True)

@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 import click
 
-from scheduler import wiring
-from scheduler.cli import Exit, backend_settings, cli, parse_payload, store_options, tenant_option
+from scheduler import backends
+from scheduler.cli.options import Exit, backend_settings, parse_payload, store_options, tenant_option
 from scheduler.errors import InvalidSchedule
 from scheduler.model import Priority, from_ms, to_ms
 from scheduler.ports import CancelOutcome, ScheduleStore
@@ -42,7 +42,7 @@ def _named(schedules: ScheduleStore, tenant: str, name: str) -> Schedule:
     return found
 
 
-@cli.group()
+@click.group()
 def schedule() -> None:
     """Recurring schedules: a cron expression in a time zone that creates a task per slot.
 
@@ -84,7 +84,7 @@ def schedule_add(name: str, tenant: str, cron: str, zone: str, task_type: str, p
     except InvalidSchedule as exc:
         raise click.UsageError(str(exc)) from None
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+    with backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules:
         created = schedules.create(made)
         existing = schedules.get(made.id)
     if not created:
@@ -120,7 +120,7 @@ def _describe(item: Schedule) -> dict[str, Any]:
 def schedule_list(tenant: str | None, as_json: bool, backend: str, db: Path, **options: Any) -> None:
     """List schedules with their state and next run."""
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+    with backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules:
         found = schedules.list_all(tenant or None)
     for item in found:
         if as_json:
@@ -141,7 +141,7 @@ def schedule_list(tenant: str | None, as_json: bool, backend: str, db: Path, **o
 def schedule_pause(name: str, tenant: str, backend: str, db: Path, **options: Any) -> None:
     """Stop creating runs (runs already created, at most ~90 s ahead, stay; exit 1 if none)."""
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+    with backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules:
         changed = schedules.pause(_named(schedules, tenant, name).id)
     click.echo(f"schedule {name}: {'paused' if changed else 'already paused'}")
 
@@ -154,7 +154,7 @@ def schedule_resume(name: str, tenant: str, backend: str, db: Path, **options: A
     """Create runs again, from the first slot after now: slots that passed while paused
     get no run (a pause is deliberate, not an outage). Exit 1 if there is no such schedule."""
     settings = backend_settings(backend, db, **options)
-    with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+    with backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules:
         found = _named(schedules, tenant, name)
         next_slot = found.rule.next_slot(_now_ms())
         changed = schedules.resume(found.id, next_slot)
@@ -174,8 +174,8 @@ def schedule_delete(name: str, tenant: str, backend: str, db: Path, **options: A
     from scheduler.recurring.runner import runs_ahead
 
     settings = backend_settings(backend, db, **options)
-    with (wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules,
-          wiring.open_handoff(settings, store.shard_count) as handoff):
+    with (backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules,
+          backends.open_handoff(settings, store.shard_count) as handoff):
         found = schedules.get(schedule_id(tenant, name))
         deleted = found is not None and found.tenant == tenant and schedules.delete(found.id)
         cancelled = 0
@@ -221,7 +221,7 @@ def schedule_preview(name: str | None, tenant: str | None, cron: str | None, zon
         if name is None or not tenant:
             raise click.UsageError("preview takes NAME --tenant T, or --cron and --zone")
         settings = backend_settings(backend, db, **options)
-        with wiring.open_store(settings) as store, wiring.open_schedules(settings, store) as schedules:
+        with backends.open_store(settings) as store, backends.open_schedules(settings, store) as schedules:
             found = _named(schedules, tenant, name)
         rule = found.rule
         if start is None:
