@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.dispatcher.shard import topic_tags
+from scheduler.dispatcher.rows import topic_tags
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
 from scheduler.handoff import LogHandoff
 from scheduler.ports import (

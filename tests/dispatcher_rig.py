@@ -24,8 +24,8 @@ from typing import Any
 from scheduler.adapters.embedded.coordinator import SqliteCoordinator
 from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.adapters.embedded.store import SqliteTaskStore
+from scheduler.dispatcher.rows import topic_tags
 from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
-from scheduler.dispatcher.shard import topic_tags
 from scheduler.errors import QueueError
 from scheduler.model import Task, TaskId, decode_message
 from scheduler.ports import Publisher, TaskStore

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 
 from scheduler.dispatcher.context import DispatcherContext
-from scheduler.dispatcher.shard import FireBatch
+from scheduler.dispatcher.rows import FireBatch
 from scheduler.errors import QueueError
 from scheduler.fairness.gate import ReleaseGate
 from scheduler.ports import Publisher, SessionState

@@ -17,7 +17,8 @@ from functools import partial
 from scheduler.dispatcher import memory
 from scheduler.dispatcher.config import LOAD_ATTEMPTS, LOAD_CHUNK
 from scheduler.dispatcher.context import DispatcherContext
-from scheduler.dispatcher.shard import OwnedShard, Row, Sweep, rows_from
+from scheduler.dispatcher.rows import Row, Sweep, rows_from
+from scheduler.dispatcher.shard import OwnedShard
 from scheduler.errors import SchedulerError
 from scheduler.model import BUCKET_MS, minute_bucket
 from scheduler.ports import BadRow, StoredTask

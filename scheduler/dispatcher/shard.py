@@ -82,19 +82,13 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from scheduler.dispatcher.rows import SLICE_MS, FireBatch, Row, Sweep, slice_end, slice_of, tag_for
 from scheduler.dispatcher.seen import Key, SeenRecord, pack
-from scheduler.fairness.gate import Waiting
-from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, Partition, Priority, Task, encode_message, minute_bucket
-from scheduler.ports import Lease, StoredTask, TaskStatus
+from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, Partition, Task, encode_message, minute_bucket
+from scheduler.ports import Lease
 from scheduler.wheel import Entry, TimingWheel
 
 log = logging.getLogger(__name__)
-
-SLICE_MS = 1000
-"""Width of the slices counted before and after they fire; divides `BUCKET_MS`."""
-
-LONG_TAG = 3
-"""Wheel tag of the `long` ready topic; priorities use their codes 0, 1, 2."""
 
 CANCEL_MEMORY_MS = 3 * BUCKET_MS
 """How long after its run_at a handed-off cancel is remembered (cancels of retry copies,
@@ -109,83 +103,7 @@ RECENT_SWEEP_MS = 90_000
 FULL_SWEEP_EVERY = 6
 """Every this many sweeps, one counts the whole horizon (the others, `RECENT_SWEEP_MS`)."""
 
-
-@dataclass(frozen=True)
-class Sweep:
-    """What one sweep counts: `buckets` of the shard, rows at or before `through_ms`, and
-    after `after_ms` (a recent sweep) or whole (a full sweep: None)."""
-
-    through_ms: int
-    buckets: list[int]
-    after_ms: int | None
-
-__all__ = ["Key", "OwnedShard", "Row", "FireBatch", "SLICE_MS", "LONG_TAG", "rows_from", "should_fire", "slice_of",
-           "tag_for", "topic_tags"]
-
-
-def slice_of(run_at_ms: int) -> int:
-    return run_at_ms // SLICE_MS
-
-
-def slice_end(k: int) -> int:
-    return k * SLICE_MS + SLICE_MS - 1
-
-
-def tag_for(task: Task, long_types: frozenset[str]) -> int:
-    return LONG_TAG if task.type in long_types else task.priority.code
-
-
-def should_fire(stored: StoredTask) -> bool:
-    """A row fires unless it is finished, or some report already covers its attempt (it
-    was fired before, by a previous owner whose cursor lagged)."""
-    if stored.status is TaskStatus.SCHEDULED:
-        return True
-    if stored.status.finished:
-        return False
-    return stored.status_attempt < stored.task.attempt
-
-
-@dataclass
-class Row:
-    """A row read from the store, reduced to what the wheel needs; `message` is None for
-    a row that must not fire (it still counts as handled)."""
-
-    run_at_ms: int
-    id: bytes
-    tag: int
-    message: bytes | None
-    letter: bytes | None = None
-    """For a row that could not be read: its dead letter (`message` is then None)."""
-
-
-def rows_from(stored: Iterable[StoredTask], token: int, long_types: frozenset[str]) -> list[Row]:
-    rows = []
-    for item in stored:
-        task = item.task
-        message = encode_message(task, token) if should_fire(item) else None
-        rows.append(Row(task.run_at_ms, task.id.bytes, tag_for(task, long_types), message))
-    return rows
-
-
-@dataclass
-class FireBatch:
-    """What one shard fired in one pass: values per tag, and the wheel's frontier after."""
-
-    by_tag: dict[int, list[bytes]]
-    fired_through_ms: int
-    count: int
-    skipped_cancelled: int
-    duplicates: int = 0
-    gated: list[Entry] | None = None
-    """With a release gate: the due entries, for the gate to admit (`by_tag` is empty)."""
-    released: list[Waiting] | None = None
-    """For a batch the gate let out: what to settle with it once the queue acknowledged."""
-    released_at_ms: int | None = None
-    """...and the moment it was let out, which its messages are stamped with."""
-    floor_ms: int | None = None
-    """The earliest run_at in the batch: the cursor stays below it until it is acknowledged."""
-    dead_letters: list[bytes] = field(default_factory=list)
-    """Dead letters of rows that could not be read, for the dead-letter topic."""
+__all__ = ["CANCEL_MEMORY_MS", "DEFAULT_HORIZON_MS", "FULL_SWEEP_EVERY", "OwnedShard", "RECENT_SWEEP_MS"]
 
 
 @dataclass
@@ -735,8 +653,3 @@ class OwnedShard:
         floor = self.unsettled_floor()
         return through if floor is None else min(through, floor - 1)
 
-
-def topic_tags(topics: dict[str, str]) -> dict[int, str]:
-    """Wheel tag -> ready topic name, from `{short name: topic}` for high, normal, low, long."""
-    return {Priority.HIGH.code: topics["high"], Priority.NORMAL.code: topics["normal"],
-            Priority.LOW.code: topics["low"], LONG_TAG: topics["long"]}

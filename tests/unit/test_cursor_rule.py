@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scheduler.dispatcher.shard import OwnedShard, rows_from
+from scheduler.dispatcher.rows import rows_from
+from scheduler.dispatcher.shard import OwnedShard
 from scheduler.model import BUCKET_MS, Task, decode_message, minute_bucket
 from scheduler.ports import Lease, StoredTask, TaskStatus
 from tests.tasks import NINE_OCLOCK_MS, make_task

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.dispatcher.shard import SLICE_MS, OwnedShard, Row, Sweep, rows_from, should_fire, tag_for
+from scheduler.dispatcher.rows import SLICE_MS, Row, Sweep, rows_from, should_fire, tag_for
+from scheduler.dispatcher.shard import OwnedShard
 from scheduler.model import BUCKET_MS, Priority, Task, decode_message
 from scheduler.ports import Lease, StoredTask, TaskStatus
 from tests.tasks import NINE_OCLOCK_MS, make_task
