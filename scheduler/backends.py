@@ -30,6 +30,7 @@ from scheduler.handoff import LogHandoff
 from scheduler.ports import (
     Consumer,
     Coordinator,
+    CountStore,
     EffectLedger,
     Handoff,
     HandoffReader,
@@ -126,6 +127,28 @@ def open_limits(settings: BackendSettings, store: TaskStore) -> Iterator[LimitsS
 
 
 @contextmanager
+def open_counts(settings: BackendSettings, store: TaskStore) -> Iterator[CountStore]:
+    """The counts `scheduler status` reads (`scheduler.visibility`): on the embedded
+    backend a file of their own beside the tasks (`counts.db`), on Cassandra tables in
+    the task store's keyspace, on its session."""
+    counts: CountStore
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.counts import SqliteCountStore, counts_path
+
+        counts = SqliteCountStore(counts_path(settings.db))
+    else:
+        from scheduler.adapters.cassandra.counts import CassandraCountStore
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+        assert isinstance(store, CassandraTaskStore)
+        counts = CassandraCountStore.for_store(store)
+    try:
+        yield counts
+    finally:
+        counts.close()
+
+
+@contextmanager
 def open_handoff(settings: BackendSettings, shard_count: int, *, check: bool = False) -> Iterator[Handoff]:
     """The producer's hand-off to the dispatchers of this backend.
 
@@ -171,6 +194,8 @@ class DispatcherParts:
     """Where the runs of recurring schedules that fall due soon are handed to their shard's owner."""
     limits: LimitsStore
     """The tenants' weights, caps and rates."""
+    counts: CountStore
+    """Where the dispatcher's counts and heartbeat go (`scheduler status`)."""
 
 
 @contextmanager
@@ -181,6 +206,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
         store = stack.enter_context(open_store(settings))
         schedules = stack.enter_context(open_schedules(settings, store))
         limits = stack.enter_context(open_limits(settings, store))
+        counts = stack.enter_context(open_counts(settings, store))
         handoff = stack.enter_context(open_handoff(settings, store.shard_count))
         coordinator: Coordinator
         publisher: Publisher
@@ -210,7 +236,8 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             coordinator = ZkCoordinator(settings.zookeeper)
         stack.callback(reader.close)
         stack.callback(coordinator.close)
-        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff, limits)
+        yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff, limits,
+                              counts)
 
 
 POOL_TOPICS = {"default": ("high", "normal", "low"), "long": ("long",)}
@@ -227,6 +254,8 @@ class WorkerParts:
     topics: dict[str, str]
     """Short name -> ready topic, of the pool's topics."""
     dead_letter_topic: str
+    counts: CountStore
+    """Where the worker's counts and heartbeat go (`scheduler status`)."""
 
 
 @contextmanager
@@ -239,6 +268,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
     group = settings.kafka.worker_group(pool)
     with ExitStack() as stack:
         store = stack.enter_context(open_store(settings))
+        counts = stack.enter_context(open_counts(settings, store))
         handoff = stack.enter_context(open_handoff(settings, store.shard_count))
         ledger: EffectLedger
         publisher: Publisher
@@ -276,7 +306,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
                 return KafkaConsumer(settings.kafka, group, list(topics.values()), member=member,
                                      on_revoked=on_revoked, session_timeout_s=session_timeout_s)
         yield WorkerParts(store, ledger, publisher, handoff, consumer_factory, topics,
-                          settings.kafka.dead_letter_topic)
+                          settings.kafka.dead_letter_topic, counts)
 
 
 @contextmanager

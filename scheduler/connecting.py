@@ -5,10 +5,12 @@
     with scheduler.connect(tenant="state-board") as client:
         client.submit("sms", {"to": "+919800000001"}, delay=60)
 
-`connect` opens the backend's task store and its hand-off, the log through which a
+`connect` opens the backend's task store, its count store and its hand-off, the log through which a
 submit tells a shard's owner of the tasks due within two minutes (the Kafka hand-off
 topic, or the embedded backend's `queue.db`), and returns a `Client` whose `close()`
-(or the end of its `with` block) closes both. `scheduler submit` and `scheduler cancel`
+(or the end of its `with` block) closes them. The client counts what it submits and
+cancels, and a thread writes those counts every two seconds and on close, for `scheduler
+status` (`scheduler.visibility`). `scheduler submit` and `scheduler cancel`
 take their clients from here too, so an application wires a producer exactly as the
 CLI does.
 
@@ -52,6 +54,7 @@ from scheduler.errors import ConfigError
 from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, valid_max_attempts
 from scheduler.producer import Client
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
+from scheduler.visibility.writer import CountWriter
 
 BACKENDS = ("embedded", "cassandra")
 
@@ -121,10 +124,13 @@ def connect(
     with ExitStack() as stack:
         store = stack.enter_context(backends.open_store(settings))
         handoff = stack.enter_context(backends.open_handoff(settings, store.shard_count, check=True))
+        counts = stack.enter_context(backends.open_counts(settings, store))
+        writer = CountWriter(counts, "producer").start()
+        stack.callback(writer.stop)  # its last write, before the stores close
         opened = stack.pop_all()
     try:
         return Client(store, tenant=tenant, handoff=handoff, default_max_attempts=default_max_attempts,
-                      closer=opened.close)
+                      closer=opened.close, events=writer.counter)
     except BaseException:
         opened.close()
         raise

@@ -78,6 +78,7 @@ from scheduler.model import (
     valid_max_attempts,
 )
 from scheduler.ports import CancelOutcome, Handoff, InsertFailure, StoredTask, TaskStore
+from scheduler.visibility.counts import EventCounter, count_pairs
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,7 @@ class Client:
         now_ms: Callable[[], int] | None = None,
         closer: Callable[[], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        events: EventCounter | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
@@ -213,6 +215,9 @@ class Client:
         """How long a cancel of a task that may be in flight waits before it answers (see
         `scheduler.cancels`); lowering it breaks the promise that nothing starts after."""
         self._settle = sleep
+        self.events = events
+        """Where this client counts the tasks it stored and cancelled, for `scheduler
+        status` (`scheduler.connect` gives one; a client without counts nothing)."""
 
     # Closing.
 
@@ -336,6 +341,8 @@ class Client:
         failures = self.store.insert([task])
         if failures:
             raise StoreError(f"task {task.id} was not acknowledged by the store: {failures[0].reason}")
+        if self.events is not None:
+            self.events.add("submitted", task.tenant, task.type)
         try:
             self._hand_off([task])
         except HandoffFailed as error:
@@ -426,6 +433,8 @@ class Client:
             failures = [InsertFailure(tasks, str(error))]
         failed_ids = {task.id: failure.reason for failure in failures for task in failure.tasks}
         written = [task for task in tasks if task.id not in failed_ids]
+        if self.events is not None:
+            self.events.add_many("submitted", count_pairs((task.tenant, task.type) for task in written))
         try:
             self._hand_off(written)
         except HandoffFailed as error:
@@ -510,6 +519,8 @@ class Client:
         try:
             for task_id in ids:
                 outcome = outcomes[task_id] = self.store.cancel(task_id, tenant)
+                if outcome is CancelOutcome.CANCELLED and self.events is not None:
+                    self._count_cancel(task_id)
                 if outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED) \
                         and cancels.may_be_in_flight(task_id.run_at_ms, self._now_ms()):
                     in_flight.append(task_id)
@@ -518,6 +529,17 @@ class Client:
                 self._hand_off_cancels(in_flight)
                 self._settle(self.cancel_settle_s)
         return outcomes
+
+    def _count_cancel(self, task_id: TaskId) -> None:
+        """Count a cancel under its task's type, which only the row knows (one more read
+        per task cancelled, and only for a client that counts)."""
+        try:
+            found = self.store.get(task_id)
+        except StoreError as exc:
+            log.warning("the cancel of %s is not counted: %s", task_id, exc, extra={"action": "count_skipped"})
+            return
+        if found is not None and self.events is not None:
+            self.events.add("cancelled", found.task.tenant, found.task.type)
 
     def _hand_off_cancels(self, task_ids: Sequence[TaskId]) -> None:
         if self.handoff is None:

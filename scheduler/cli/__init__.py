@@ -9,6 +9,7 @@ and `main`, which turns the scheduler's errors into exit codes.
     dead_letters.py  dlq list|replay
     limits.py        limits set|show|reset
     schedules.py     schedule add|list|pause|resume|delete|preview
+    status.py        status
     demo.py          demo
 
 A command's options become settings in its module; `backends` opens the adapters, and
@@ -23,7 +24,7 @@ import sys
 import click
 
 from scheduler import __version__
-from scheduler.cli import dead_letters, demo, dispatcher, limits, schedules, schema, tasks, worker
+from scheduler.cli import dead_letters, demo, dispatcher, limits, schedules, schema, status, tasks, worker
 from scheduler.cli.options import Exit
 from scheduler.errors import (
     ConfigError,
@@ -46,7 +47,7 @@ def cli() -> None:
 
 
 for command in (schema.schema, tasks.submit, tasks.get, tasks.cancel, dispatcher.dispatcher, worker.worker,
-                dead_letters.dlq, limits.limits, schedules.schedule, demo.demo):
+                dead_letters.dlq, limits.limits, schedules.schedule, status.status, demo.demo):
     cli.add_command(command)
 
 

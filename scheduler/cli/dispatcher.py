@@ -103,7 +103,7 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
                                          clock=wall_clock_ms)
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
                             handoff_reader=parts.handoff_reader, topics=parts.topics,
-                            schedule_runner=schedule_runner, limits_store=parts.limits)
+                            schedule_runner=schedule_runner, limits_store=parts.limits, counts=parts.counts)
         runner.load_limits()
         runner.start_session()
         for signum in (signal.SIGTERM, signal.SIGINT):

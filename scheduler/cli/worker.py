@@ -78,7 +78,7 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
             check=check,
         )
         runner = Worker(app, config, consumer_factory=parts.consumer_factory, store=parts.store,
-                        publisher=parts.publisher, handoff=parts.handoff, ledger=parts.ledger)
+                        publisher=parts.publisher, handoff=parts.handoff, ledger=parts.ledger, counts=parts.counts)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
         stats_writer: threading.Thread | None = None

@@ -13,6 +13,7 @@ its shards over.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from scheduler.dispatcher.context import DispatcherContext
 from scheduler.dispatcher.rows import FireBatch
@@ -41,6 +42,8 @@ class Firing:
         """When the gate can let the next task out, if that is before the next tick."""
         self.failed: str | None = None
         """Why the dispatcher gave up, if it did."""
+        self.on_published: Callable[[list[list[bytes]], int], None] | None = None
+        """Told of every message the queue acknowledged (`visible.DispatcherVisibility`)."""
 
     def fire(self, now: int) -> set[int]:
         """Fire what is due in every shard whose lease is valid; returns those shards."""
@@ -132,6 +135,9 @@ class Firing:
         if sending:
             self._backoff_ms = 0
             self._failing_since_ms = None
+            if self.on_published is not None:
+                self.on_published([values for _, _, batch in sending for values in batch.by_tag.values()],
+                                  ctx.clock())
         for shard, token, batch in sending:
             ctx.stats.fired += batch.count
             owned = ctx.current(shard, token)

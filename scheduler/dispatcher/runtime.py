@@ -11,6 +11,8 @@
 - `progress.Progress`: cursors written to the store, hand-off positions committed.
 - `passes.LimitsPass`, `passes.SchedulePass`: the tenants' limits and the recurring
   schedules, every few seconds.
+- `visible.DispatcherVisibility`: counts of what it publishes, how late, its heartbeat
+  and the fold of past hours of counts (`scheduler status`).
 
 Threads, and who owns what
 --------------------------
@@ -27,7 +29,8 @@ Threads, and who owns what
   its inbox (`DispatcherContext.post`), tagged with the lease token they were started
   under, so a result for a lease since lost is dropped.
 - The **limits thread** and the **schedule thread** run the periodic passes; the
-  schedule thread never touches the wheels.
+  schedule thread never touches the wheels. The **count writer** writes the counts
+  and the heartbeat every two seconds; it only looks at the shards.
 
 A shard's life is in `ownership`'s docstring. Fencing: a shard fires only while
 `Coordinator.is_valid(lease)` holds (checked before every batch, no I/O); when the
@@ -57,8 +60,9 @@ from scheduler.dispatcher.passes import LimitsPass, SchedulePass
 from scheduler.dispatcher.progress import Progress
 from scheduler.dispatcher.reading import Reading
 from scheduler.dispatcher.shard import OwnedShard
+from scheduler.dispatcher.visible import DispatcherVisibility
 from scheduler.fairness.gate import ReleaseGate
-from scheduler.ports import Coordinator, HandoffReader, LimitsStore, Publisher, SessionState, TaskStore
+from scheduler.ports import Coordinator, CountStore, HandoffReader, LimitsStore, Publisher, SessionState, TaskStore
 from scheduler.recurring.runner import ScheduleRunner
 
 __all__ = ["Dispatcher", "DispatcherConfig", "Stats", "wall_clock_ms", "write_json"]
@@ -81,6 +85,7 @@ class Dispatcher:
         clock: Clock = wall_clock_ms,
         schedule_runner: ScheduleRunner | None = None,
         limits_store: LimitsStore | None = None,
+        counts: CountStore | None = None,
     ) -> None:
         self.config = config
         self.ctx = ctx = DispatcherContext(config, store, coordinator, clock)
@@ -93,6 +98,11 @@ class Dispatcher:
         self.firing = Firing(ctx, self.gate, publisher, topics)
         self.limits = None if limits_store is None else LimitsPass(ctx, self.gate, limits_store)
         self.schedules = None if schedule_runner is None else SchedulePass(ctx, schedule_runner)
+        self.visible = None if counts is None else DispatcherVisibility(ctx, self.gate, counts)
+        if self.visible is not None:
+            self.firing.on_published = self.visible.published
+            if schedule_runner is not None:
+                schedule_runner.client.events = self.visible.events  # the runs it creates are submitted
         self._last_stats_ms = 0
 
     @property
@@ -124,6 +134,8 @@ class Dispatcher:
     def run(self) -> None:
         if self.limits is not None:
             self.limits.start()
+        if self.visible is not None:
+            self.visible.start()
         balancer = threading.Thread(target=self.ownership.balance_loop, name="dispatcher-balance", daemon=True)
         balancer.start()
         try:
@@ -229,6 +241,8 @@ class Dispatcher:
         for shard in list(ctx.shards):
             self.ownership.give_back(shard)
         ctx.writers.shutdown(wait=True)
+        if self.visible is not None:
+            self.visible.stop()
         self._write_stats(ctx.clock() + self.config.stats_interval_ms)
 
 

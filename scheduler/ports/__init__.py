@@ -3,7 +3,7 @@
 One module per side of the system: `tasks` (the task store), `schedules` (recurring
 schedules), `coordination` (leases and fencing tokens), `queueing` (the producer's
 hand-off, the ready topics, the hand-off log), `workers` (consuming, dead letters, the
-effect ledger) and `limits` (the fairness limits). Every name is re-exported here, so
+effect ledger) and `limits` (the fairness limits) and `counts` (what `scheduler status` reads). Every name is re-exported here, so
 `from scheduler.ports import TaskStore` is how the rest of the package imports them.
 
 Each store port is kept by two adapters that meet one contract suite
@@ -24,6 +24,7 @@ token got there first; `False` means "stop, someone else owns this now", never "
 from __future__ import annotations
 
 from scheduler.ports.coordination import Coordinator, Lease, SessionState
+from scheduler.ports.counts import AGGREGATE_TENANT, CountStore, LatenessRow, ProcessReport
 from scheduler.ports.limits import LimitsStore
 from scheduler.ports.queueing import Handoff, HandoffLog, HandoffReader, HandoffRecord, Publisher
 from scheduler.ports.schedules import AdvanceOutcome, ScheduleStore
@@ -44,6 +45,10 @@ from scheduler.ports.tasks import (
 from scheduler.ports.workers import Consumer, Delivery, EffectClaim, EffectLedger, TopicPartition, TopicScanner
 
 __all__ = [
+    "AGGREGATE_TENANT",
+    "CountStore",
+    "LatenessRow",
+    "ProcessReport",
     "AdvanceOutcome",
     "BadRow",
     "CancelMarks",

@@ -48,6 +48,7 @@ from scheduler.worker.context import CLAIM_S, Context
 from scheduler.worker.job import Job
 from scheduler.worker.settle import Plan, running_report
 from scheduler.worker.stats import WorkerStats
+from scheduler.worker.visible import WorkerVisibility
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
@@ -83,6 +84,8 @@ class Execution:
         self._settle = settle
         self._stop = stop
         self._on_started = on_started
+        self.visible: WorkerVisibility | None = None
+        """Told of every attempt started (`scheduler status`)."""
         self.busy = 0
         """Slots in use: handler threads running a chunk, and `async` jobs."""
         self.running: dict[Job, None] = {}
@@ -128,6 +131,8 @@ class Execution:
             calls.append((job, Context(task, job.message.fence, self._ledger,
                                        claim_s=(timeout or CLAIM_S) + 5.0, worker=self._instance)))
         self._stats.started += len(jobs)
+        if self.visible is not None:
+            self.visible.started(jobs)
         self._stats.launches += 1
         self.busy += 1
         if jobs[0].handler.is_async:

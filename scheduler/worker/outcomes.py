@@ -33,6 +33,7 @@ from scheduler.worker.job import Job
 from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
 from scheduler.worker.settle import Plan
 from scheduler.worker.stats import WorkerStats
+from scheduler.worker.visible import WorkerVisibility
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
@@ -45,6 +46,8 @@ class Outcomes:
         self._stats = stats
         self._submit = submit
         self._clock_ms = clock_ms
+        self.visible: WorkerVisibility | None = None
+        """Told of every attempt that ends (`scheduler status`)."""
 
     def settle(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
         """Plan the job's outcome (`error` None: done), then settle its followers."""
@@ -57,6 +60,8 @@ class Outcomes:
         delivery = job.delivery
         if error is None:
             self._stats.done += 1
+            if self.visible is not None:
+                self.visible.ended("done", task)
             self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
             return
         text = describe(error)
@@ -83,6 +88,8 @@ class Outcomes:
         delay_s = retry_delay_s(error, task.attempt, policy)
         retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
         self._stats.retried += 1
+        if self.visible is not None:
+            self.visible.ended("retried", task)
         self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
                           retry=retry))
 
@@ -90,6 +97,8 @@ class Outcomes:
         """Dead-letter the delivery (`message` None: it could not be decoded)."""
         self._stats.dead += 1
         task = None if message is None else message.task
+        if task is not None and self.visible is not None:
+            self.visible.ended("dead", task)
         task_id = task.id if task is not None else _id_of(delivery.value)
         letter = dead_letters.DeadLetter(
             message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,

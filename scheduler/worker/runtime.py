@@ -69,7 +69,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.ports import Consumer, EffectLedger, Handoff, Publisher, TaskStore, TopicPartition
+from scheduler.ports import Consumer, CountStore, EffectLedger, Handoff, Publisher, TaskStore, TopicPartition
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.commits import Commits
@@ -82,6 +82,7 @@ from scheduler.worker.outcomes import Outcomes
 from scheduler.worker.serving import DEFAULT_WEIGHTS
 from scheduler.worker.settle import Settler
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
+from scheduler.worker.visible import WorkerVisibility
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,7 @@ class Worker:
         ledger: EffectLedger | None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         on_started: Callable[[Job], None] | None = None,
+        counts: CountStore | None = None,
     ) -> None:
         if config.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {config.concurrency}")
@@ -158,6 +160,9 @@ class Worker:
         )
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started)
+        self.visible = None if counts is None else WorkerVisibility(
+            counts, config.member, running=lambda: self._execution.running, detail=self._detail)
+        self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.
 
@@ -177,7 +182,15 @@ class Worker:
         stats["paused"] = list(self._intake.paused_view)
         return stats
 
+    def _detail(self) -> dict[str, object]:
+        """What the worker reports of itself at each count write (a look from that thread)."""
+        return {"member": self.config.member, "topics": list(self.config.topics),
+                "buffered": sum(self._intake.buffered_by_topic().values()), "started": self.stats.started,
+                "done": self.stats.done}
+
     def run(self) -> None:
+        if self.visible is not None:
+            self.visible.start()
         self.cancel_watch.read_once()  # before the first poll: starts wait for it anyway
         self.cancel_watch.start()
         self._settler.start()
@@ -203,6 +216,8 @@ class Worker:
                 self._intake.close()
                 self.cancel_watch.stop()
                 self._execution.close()
+                if self.visible is not None:
+                    self.visible.stop()
                 self._stopped.set()
 
     # The main loop.

@@ -24,7 +24,9 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
     assert {name.split(".")[0] for name in tables + altered} == {"results_day"}
     assert set(tables) == {"results_day.tasks_by_bucket", "results_day.shards", "results_day.meta",
                            "results_day.effects", "results_day.schedules", "results_day.tenant_limits",
-                           "results_day.cancel_marks", "results_day.cancel_counts"}
+                           "results_day.cancel_marks", "results_day.cancel_counts", "results_day.count_hours",
+                           "results_day.count_minutes", "results_day.count_snapshots",
+                           "results_day.count_snapshot_latest", "results_day.processes", "results_day.lateness_minutes"}
     assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)
