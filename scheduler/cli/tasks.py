@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
-from datetime import datetime
+from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -143,26 +144,48 @@ def describe(stored: StoredTask) -> dict[str, Any]:
 @click.command()
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--history", "history", is_flag=True,
+              help="Also show every attempt: published, started, finished, on which worker, how it ended, why.")
 @tenant_option("Only show the task if it belongs to this tenant (as a tenant's own tools should).",
                required=False)
 @store_options
-def get(task_id: str, as_json: bool, tenant: str | None, backend: str, db: Path, **cassandra: Any) -> None:
+def get(task_id: str, as_json: bool, history: bool, tenant: str | None, backend: str, db: Path,
+        **cassandra: Any) -> None:
     """Show a task and its status (exit 1 if there is none with this id, or it belongs
     to another tenant than --tenant)."""
     from scheduler.producer import Client
+    from scheduler.visibility.history import AttemptRecord
 
     parsed = TaskId.parse(task_id)
     with open_store(backend, db, **cassandra) as store:
         stored = Client(store).get(parsed, tenant=tenant or None)
+        records = store.attempts(parsed) if history and stored is not None else {}
     if stored is None:
         click.echo(f"no task with id {parsed}", err=True)
         raise click.exceptions.Exit(Exit.FAILURE)
     fields = describe(stored)
+    attempts = [AttemptRecord.decode(attempt, text) for attempt, text in sorted(records.items())]
+    if history:
+        fields["history"] = [asdict(record) for record in attempts]
     if as_json:
         click.echo(json.dumps(fields, default=repr))
         return
     for name, value in fields.items():
+        if name == "history":
+            continue
         click.echo(f"{name + ':':17}{json.dumps(value, default=repr) if name == 'payload' else value}")
+    if history:
+        click.echo("history:" + ("" if attempts else " no attempt has ended yet"))
+        for record in attempts:
+            click.echo(f"  attempt {record.attempt}: {record.outcome}; published {_at(record.fired_ms)}, started "
+                       f"{_at(record.started_ms)}, finished {_at(record.finished_ms)} on {record.worker or '?'}"
+                       + (f"; {record.error}" if record.error else ""))
+
+
+def _at(ms: int | None) -> str:
+    if ms is None:
+        return "?"
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @click.command()

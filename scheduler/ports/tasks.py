@@ -78,6 +78,10 @@ class StatusReport(NamedTuple):
     error: str | None = None
     """Why the attempt failed (`failed`, `dead`); recorded with the status and replaced
     with it, so the home row always shows the error of the status it shows."""
+    record: str | None = None
+    """The attempt's history record (`scheduler.visibility.history.AttemptRecord`,
+    encoded), written with a report that ends the attempt; kept per attempt, never
+    replaced by a report without one."""
 
 
 class CancelOutcome(enum.Enum):
@@ -230,6 +234,11 @@ class TaskStore(Protocol):
 
     def get(self, task_id: TaskId) -> StoredTask | None:
         """The task's home row, or None."""
+        ...
+
+    def attempts(self, task_id: TaskId) -> dict[int, str]:
+        """The history records of the task's attempts (attempt -> encoded record), as
+        the reports that ended them wrote them; empty for a task without any (or none)."""
         ...
 
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:

@@ -118,11 +118,13 @@ class Execution:
     def launch(self, jobs: list[Job]) -> None:
         """Take a slot and start the jobs in it: a chunk of plain jobs, or one job."""
         now = time.monotonic()
+        wall = time.time_ns() // 1_000_000
         calls = []
         for job in jobs:
             task = job.message.task
             timeout = job.handler.policy.timeout_s
             job.started_at = now
+            job.started_ms = wall
             job.deadline = None if timeout is None else now + timeout
             self.running[job] = None
             if self._on_started is not None:

@@ -20,6 +20,8 @@ class Job:
     handler: Handler
     topic: str
     started_at: float = 0.0
+    started_ms: int = 0
+    """The wall-clock moment it started (`started_at` is the monotonic one)."""
     deadline: float | None = None
     finished: bool = False
     followers: list[Delivery] = field(default_factory=list)

@@ -27,6 +27,7 @@ from dataclasses import replace
 from scheduler.errors import SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId
 from scheduler.ports import Delivery, StatusReport, TaskStatus
+from scheduler.visibility.history import AttemptRecord
 from scheduler.worker import dead_letters
 from scheduler.worker.context import EffectBusy
 from scheduler.worker.job import Job
@@ -42,8 +43,10 @@ class Outcomes:
     """Turns outcomes into plans for `submit` (the settler's queue); counts `done`,
     `retried`, `deferred`, `dead` and the timeouts of `async` handlers."""
 
-    def __init__(self, stats: WorkerStats, submit: Callable[[Plan], None], clock_ms: Callable[[], int]) -> None:
+    def __init__(self, stats: WorkerStats, submit: Callable[[Plan], None], clock_ms: Callable[[], int],
+                 member: str | None = None) -> None:
         self._stats = stats
+        self._member = member
         self._submit = submit
         self._clock_ms = clock_ms
         self.visible: WorkerVisibility | None = None
@@ -62,15 +65,16 @@ class Outcomes:
             self._stats.done += 1
             if self.visible is not None:
                 self.visible.ended("done", task)
-            self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
+            self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE,
+                                                            record=self._record(job, delivery, "done", None))))
             return
         text = describe(error)
         policy = job.handler.policy
         if payload_error is not None:
-            self.dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error)
+            self.dead(delivery, job.message, dead_letters.UNDECODABLE, payload_error, job)
             return
         if is_permanent(error, policy):
-            self.dead(delivery, job.message, dead_letters.PERMANENT, text)
+            self.dead(delivery, job.message, dead_letters.PERMANENT, text, job)
             return
         if isinstance(error, TimeoutError) and job.handler.is_async:
             self._stats.timed_out += 1
@@ -83,18 +87,21 @@ class Outcomes:
             self._submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
             return
         if task.attempt >= attempts_allowed(task.max_attempts, policy):
-            self.dead(delivery, job.message, dead_letters.EXHAUSTED, text)
+            self.dead(delivery, job.message, dead_letters.EXHAUSTED, text, job)
             return
         delay_s = retry_delay_s(error, task.attempt, policy)
         retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
         self._stats.retried += 1
         if self.visible is not None:
             self.visible.ended("retried", task)
-        self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
+        self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text,
+                                                        self._record(job, delivery, "failed", text)),
                           retry=retry))
 
-    def dead(self, delivery: Delivery, message: Message | None, reason: str, error: str) -> None:
-        """Dead-letter the delivery (`message` None: it could not be decoded)."""
+    def dead(self, delivery: Delivery, message: Message | None, reason: str, error: str,
+             job: Job | None = None) -> None:
+        """Dead-letter the delivery (`message` None: it could not be decoded; `job` None:
+        it never started)."""
         self._stats.dead += 1
         task = None if message is None else message.task
         if task is not None and self.visible is not None:
@@ -107,9 +114,19 @@ class Outcomes:
         )
         report = None
         if task is not None:
-            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, dead_letters.bounded(f"{reason}: {error}"))
+            text = dead_letters.bounded(f"{reason}: {error}")
+            report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, text,
+                                  self._record(job, delivery, "dead", text))
         log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
         self._submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
+
+
+    def _record(self, job: Job | None, delivery: Delivery, outcome: str, error: str | None) -> str:
+        """The attempt's history record, written with the report that ends it."""
+        task = job.message.task if job is not None else None
+        return AttemptRecord(task.attempt if task else 0, delivery.timestamp_ms,
+                             job.started_ms if job is not None and job.started_ms else None, self._clock_ms(),
+                             self._member, outcome, None if error is None else dead_letters.bounded(error)).encode()
 
 
 MAX_RETRY_DELAY_S = 7 * 86_400.0

@@ -149,7 +149,7 @@ class Worker:
             store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
             on_settled=self._commits.settled, clock_ms=clock_ms,
         )
-        self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms)
+        self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms, member=config.member)
         self._fences = Fences(store, self.stats, shard_count=config.shard_count, refresh_s=config.fence_refresh_s)
         self._intake = Intake(
             app, self.stats, topics=config.topics, weights=config.weights, store=store,

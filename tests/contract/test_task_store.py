@@ -572,3 +572,19 @@ def test_a_cancel_of_a_task_that_may_be_in_flight_raises_its_shards_mark(store: 
     assert store.cancel(later.id, "board") is CancelOutcome.CANCELLED
     assert store.read_cancel_marks().counts.get(later.id.shard(store.shard_count), 0) >= 1
     assert store.cancel(soon.id, "college") is CancelOutcome.NOT_FOUND
+
+
+def test_each_attempts_record_is_kept_beside_the_status_and_never_erased_by_a_report_without_one(
+        store: TaskStore) -> None:
+    task = make_task()
+    store.insert([task])
+    assert store.attempts(task.id) == {}
+    store.record_status([StatusReport(task.id, 1, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, "timed out", '{"outcome":"failed"}')])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.DONE, None, '{"outcome":"done"}'),
+                         StatusReport(task.id, 1, TaskStatus.RUNNING)])  # a late repeat of attempt 1 starting
+    assert store.attempts(task.id) == {1: '{"outcome":"failed"}', 2: '{"outcome":"done"}'}
+    found = store.get(task.id)
+    assert found is not None and (found.status, found.status_attempt) == (TaskStatus.DONE, 2)
+    assert store.attempts(make_task().id) == {}

@@ -77,7 +77,8 @@ def test_by_default_the_embedded_backend_in_the_data_directory(tmp_path: Path) -
         assert isinstance(client.store, SqliteTaskStore)
         task_id = client.submit("sms", {"to": "+91"}, tenant="college")
     db = tmp_path / "scheduler" / "tasks.db"
-    assert sorted(path.name for path in db.parent.iterdir() if path.suffix == ".db") == ["queue.db", "tasks.db"]
+    assert sorted(path.name for path in db.parent.iterdir() if path.suffix == ".db") == ["counts.db", "queue.db",
+                                                                                         "tasks.db"]
     assert handed_off(db) == [task_id]
 
 

@@ -38,6 +38,7 @@ def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_ke
     added = [s for s in statements if s.startswith("ALTER TABLE")]
     assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text",
                      "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int",
+                     "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS history map<int, text>",
                      "ALTER TABLE ks.shards ADD IF NOT EXISTS baselines frozen<map<bigint, int>>"]
     assert "last_error      text" in tasks
     assert "cost            int" in tasks

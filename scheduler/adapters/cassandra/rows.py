@@ -116,13 +116,17 @@ def row_values(task: Task, key: tuple[bytes, bytes]) -> list[object]:
 
 
 def status_values(
-    key: tuple[bytes, bytes], task_id: TaskId, write_timestamp_us: int, status: TaskStatus, attempt: int, error: str
+    key: tuple[bytes, bytes], task_id: TaskId, write_timestamp_us: int, status: TaskStatus, attempt: int, error: str,
+    record: str | None = None,
 ) -> list[object]:
     """The serialised values of `set_status` on `task_id`'s home row, in the partition
     whose key is `key`: the write timestamp, the status, its attempt and its error text
-    (the caller's choices: see `store.status_write_timestamp_us` and `bounded_error`)."""
+    (the caller's choices: see `store.status_write_timestamp_us` and `bounded_error`),
+    and the attempt's history record, unset when there is none."""
+    packed_attempt = _INT32(attempt)
     return [
-        _INT64(write_timestamp_us), _STATUS_TEXT[status._value_], _INT32(attempt), error.encode(),
+        _INT64(write_timestamp_us), _STATUS_TEXT[status._value_], packed_attempt, error.encode(),
+        packed_attempt, UNSET_VALUE if record is None else record.encode(),
         key[0], key[1], _INT64(task_id.run_at_ms), task_id.value.to_bytes(16),
     ]
 

@@ -352,6 +352,10 @@ class CassandraTaskStore:
         row = self._execute(self._q["read_task"].bind(self._key(task_id))).one()
         return rows.stored_task(row) if row is not None and row[2] is not None else None
 
+    def attempts(self, task_id: TaskId) -> dict[int, str]:
+        row = self._execute(self._q["read_history"].bind(self._key(task_id))).one()
+        return {} if row is None or not row[0] else {int(attempt): str(text) for attempt, text in row[0].items()}
+
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
         groups: dict[tuple[int, int], list[TaskId]] = defaultdict(list)
         shard_count = self._shard_count
@@ -560,7 +564,8 @@ def _status_values(key: tuple[bytes, bytes], report: StatusReport) -> list[objec
     partition whose key is `key`."""
     task_id, attempt, status = report.task_id, report.attempt, report.status
     error = bounded_error(report.error) or ""  # '' rather than a tombstone: see the module's docstring
-    return rows.status_values(key, task_id, status_write_timestamp_us(task_id, attempt, status), status, attempt, error)
+    return rows.status_values(key, task_id, status_write_timestamp_us(task_id, attempt, status), status, attempt, error,
+                              report.record)
 
 
 def _tuple_profile(connection: CassandraConnection) -> Any:

@@ -15,8 +15,8 @@ Status reports carry an error (`last_error`), set in the same conditional update
 the status, so it is replaced exactly when the status is; errors are cut to
 `MAX_ERROR_CHARS` (`bounded_error`, the same rule as the Cassandra store's). A file made
 before that column existed gets it when it is opened (`ALTER TABLE ... ADD COLUMN`), and
-so does a file made before tasks had a `cost`; the rows it held have none, which reads
-as cost 1.
+so do files made before tasks had a `cost` or a `history`; rows without a cost read as
+cost 1, rows without a history have no records.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     status_rank     INTEGER,
     last_error      TEXT,
     cost            INTEGER,
+    history         TEXT,           -- {"<attempt>": "<record>"}: scheduler.visibility.history
     PRIMARY KEY (minute_bucket, shard, run_at, task_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS partition_fences (
@@ -107,7 +108,8 @@ _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attem
            "status, status_attempt, last_error, cost"
 _COLUMN_NAMES = tuple(name.strip() for name in _COLUMNS.split(","))
 
-ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"), ("shards", "baselines", "TEXT"))
+ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"), ("shards", "baselines", "TEXT"),
+                 ("tasks", "history", "TEXT"))
 """Columns added to a table after files were made without them: `(table, column, type)`."""
 
 GET_MANY_CHUNK = 200
@@ -298,6 +300,12 @@ class SqliteTaskStore:
         )
         return _stored_task(rows[0]) if rows else None
 
+    def attempts(self, task_id: TaskId) -> dict[int, str]:
+        rows = self._read(f"SELECT history FROM tasks WHERE {_HOME_ROW}", self._locate(task_id))
+        if not rows or rows[0][0] is None:
+            return {}
+        return {int(attempt): str(text) for attempt, text in json.loads(rows[0][0]).items()}
+
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
         wanted = {task_id.bytes: task_id for task_id in task_ids}
         unique = list(wanted.values())
@@ -346,8 +354,13 @@ class SqliteTaskStore:
              *self._locate(report.task_id), report.attempt, report.attempt, report.status.rank)
             for report in reports
         ]
+        records = [(f'$."{report.attempt}"', report.record, *self._locate(report.task_id))
+                   for report in reports if report.record is not None]
         with self._transaction() as db:
             db.executemany(_STATUS_UPDATE, rows)
+            if records:  # each attempt's own entry: written whatever the status's order
+                db.executemany(f"UPDATE tasks SET history = json_set(coalesce(history, '{{}}'), ?, ?) "
+                               f"WHERE {_HOME_ROW}", records)
 
     def take_shard(self, shard: int, owner: str, token: int) -> bool:
         with self._transaction() as db:

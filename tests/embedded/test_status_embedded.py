@@ -1,0 +1,56 @@
+"""`scheduler status` on the embedded backend against a real dispatcher and worker: the
+counts by tenant, type and state, the minutes, lateness and processes equal what the
+test made happen (tests/visibility.py). The same on the real servers:
+tests/integration/test_status_cluster.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.dispatchers import Fleet
+from tests.support import run_cli
+from tests.visibility import run_status_scenario
+from tests.workers import Workers
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"SCHEDULER_BACKEND": "embedded", "SCHEDULER_DB": str(tmp_path / "db" / "tasks.db"),
+            "SCHEDULER_LEASE_TIMEOUT_S": "3"}
+
+
+@pytest.fixture
+def processes(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[Fleet, Workers]]:
+    fleet = Fleet(env, tmp_path)
+    workers = Workers(env, tmp_path, tmp_path / "sink.db")
+    try:
+        yield fleet, workers
+    finally:
+        workers.stop_all()
+        fleet.stop_all()
+
+
+@pytest.mark.timeout(180)
+def test_status_shows_what_happened(env: dict[str, str], processes: tuple[Fleet, Workers], tmp_path: Path) -> None:
+    fleet, workers = processes
+    final = run_status_scenario(env, fleet, workers, tmp_path)
+    assert len(final["shards"]) == 64
+
+
+def test_status_without_a_store_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "none" / "tasks.db"
+    result = run_cli("status", env={"SCHEDULER_DB": str(db), "SCHEDULER_BACKEND": "embedded"})
+    assert result.returncode == 1
+    assert "no embedded store" in result.stderr
+    assert not db.parent.exists()
+
+
+@pytest.mark.parametrize("since", ["0s", "3d", "soon"])
+def test_a_bad_since_is_a_usage_error(since: str, tmp_path: Path) -> None:
+    result = run_cli("status", "--since", since, env={"SCHEDULER_DB": str(tmp_path / "tasks.db")})
+    assert result.returncode == 2, result.stderr
+    assert "--since" in result.stderr or "delay" in result.stderr
+    assert not (tmp_path / "tasks.db").exists()
