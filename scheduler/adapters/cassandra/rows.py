@@ -59,6 +59,8 @@ STATUS_COLUMNS = (
     ("status", "varchar"),
     ("status_attempt", "int"),
     ("last_error", "varchar"),
+    ("key(history)", "int"),
+    ("value(history)", "varchar"),
     ("minute_bucket", "timestamp"),
     ("shard", "smallint"),
     ("run_at", "timestamp"),
