@@ -309,6 +309,26 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
                           settings.kafka.dead_letter_topic, counts)
 
 
+def consumer_lag(settings: BackendSettings) -> dict[str, int]:
+    """Ready topic -> messages its worker pool's group has not committed past
+    (`QueueError`/`QueueUnavailable` when the queue cannot say)."""
+    groups = {settings.kafka.worker_group(pool): [settings.kafka.ready_topic(name) for name in names]
+              for pool, names in POOL_TOPICS.items()}
+    if settings.backend == "embedded":
+        from scheduler.adapters.embedded.queue import SqliteQueue
+
+        if not settings.queue_path.exists():
+            return {}
+        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+        try:
+            return queue.lag(groups)
+        finally:
+            queue.close()
+    from scheduler.adapters.kafka.lag import consumer_lag as kafka_lag
+
+    return kafka_lag(settings.kafka, groups)
+
+
 @contextmanager
 def open_dead_letters(settings: BackendSettings) -> Iterator[tuple[TopicScanner, Publisher]]:
     """A scanner of the dead-letter topic and a publisher to append replay markers."""

@@ -7,6 +7,8 @@ shows equals what the test made happen (and the worker's own record of handler s
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -16,6 +18,7 @@ from typing import Any
 
 import scheduler
 from tests.dispatchers import Fleet
+from tests.readme import section
 from tests.support import wait_until
 from tests.workers import Workers
 
@@ -80,6 +83,8 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
                          what=f"status to show {expected_while_blocked}")
     assert blocked is not None
     assert blocked["total"]["running"] == BLOCKED and blocked["dead_by_tenant"] == {"beta": DEAD_TASKS}
+    # The blocked attempts' messages cannot be committed while they run.
+    assert sum(blocked["consumer_lag"].values()) >= BLOCKED, blocked["consumer_lag"]
     roles = sorted(p["role"] for p in blocked["processes"])
     assert roles == ["dispatcher", "worker"], roles
     started = OK_TASKS + DEAD_TASKS + BLOCKED
@@ -96,7 +101,12 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
 
     release.write_text("go")
     done = {**expected_while_blocked, ("gamma", "sms"): {"done": BLOCKED}}
-    final = wait_until(lambda: shows(done), timeout_s=timeout_s, interval_s=0.5, what=f"status to show {done}")
+    def settled() -> dict[str, Any] | None:
+        document = shows(done)
+        return document if document is not None and not any(document["consumer_lag"].values()) else None
+
+    final = wait_until(settled, timeout_s=timeout_s, interval_s=0.5,
+                       what=f"status to show {done} and no consumer lag")
     assert final is not None
     sink = workers.sink()
     try:
@@ -106,7 +116,26 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
     assert len({run[0] for run in runs}) == started  # the handlers' own record: one task each
     check_history(full_env, str(ok[0]), "done", None)
     check_history(full_env, str(dead[0]), "dead", "invalid phone number")
+    run_readme_commands(full_env, str(ok[0]))
     return final
+
+
+README_ID = "01a244a5-3cd7-766c-b76a-50447abbfbc9"
+"""The task id the README's example names; its commands run with a real one instead."""
+
+
+def run_readme_commands(env: Mapping[str, str], task_id: str) -> None:
+    """Each command of the README's "Seeing what is going on" block, as written (the
+    example id replaced by a real one), exits 0 and prints something."""
+    block = re.search(r"```sh\n(.*?)```", section("Seeing what is going on"), re.S)
+    assert block is not None, "the README's visibility section has no sh block"
+    commands = [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 3 and all(command[0] == "scheduler" for command in commands)
+    for command in commands:
+        args = [task_id if arg == README_ID else arg for arg in command[1:]]
+        result = subprocess.run([sys.executable, "-m", "scheduler", *args], env=dict(env), capture_output=True,
+                                text=True, timeout=60, check=False)
+        assert result.returncode == 0 and result.stdout.strip(), (command, result.stderr)
 
 
 def check_history(env: Mapping[str, str], task_id: str, outcome: str, error: str | None) -> None:

@@ -18,6 +18,7 @@ import click
 
 from scheduler import backends
 from scheduler.cli.options import Exit, backend_settings, parse_delay, store_options
+from scheduler.errors import QueueError
 from scheduler.visibility.counts import STATES
 from scheduler.visibility.status import Status, read_status, status_document
 
@@ -95,8 +96,8 @@ def render(status: Status, *, all_shards: bool) -> list[str]:
                 f"{sum(process.running.values())} running, {detail.get('buffered', 0):,} buffered")
         lines.append(f"  {process.role} {detail.get('member', process.writer)} on {process.host} "
                      f"(pid {process.pid}): {what}")
-    if status.consumer_lag:
-        lines += ["", "consumer lag: " + ", ".join(f"{t} {n:,}" for t, n in sorted(status.consumer_lag.items()))]
+    lines += ["", "consumer lag (messages not yet committed by the workers): "
+              + (", ".join(f"{t} {n:,}" for t, n in sorted(status.consumer_lag.items())) or "none")]
     if status.dead_by_tenant:
         lines += ["", "dead by tenant: " + ", ".join(f"{t} {n:,}" for t, n in sorted(status.dead_by_tenant.items()))]
     return lines
@@ -125,7 +126,13 @@ def status(tenant: str | None, type_: str | None, since: str, all_shards: bool, 
         raise click.exceptions.Exit(Exit.FAILURE)
     started = time.monotonic()
     with backends.open_store(settings) as store, backends.open_counts(settings, store) as counts:
-        result = read_status(store, counts, since_ms=int(window.total_seconds() * 1000), tenant=tenant, type_=type_)
+        try:
+            lag: dict[str, int] | None = backends.consumer_lag(settings)
+        except QueueError as exc:
+            click.echo(f"warning: the consumer lag is not known: {exc}", err=True)
+            lag = None
+        result = read_status(store, counts, since_ms=int(window.total_seconds() * 1000), tenant=tenant, type_=type_,
+                             consumer_lag=lag)
     took_ms = (time.monotonic() - started) * 1000
     if as_json:
         document = status_document(result)

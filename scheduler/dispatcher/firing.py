@@ -136,8 +136,11 @@ class Firing:
             self._backoff_ms = 0
             self._failing_since_ms = None
             if self.on_published is not None:
-                self.on_published([values for _, _, batch in sending for values in batch.by_tag.values()],
-                                  ctx.clock())
+                try:
+                    self.on_published([values for _, _, batch in sending for values in batch.by_tag.values()],
+                                      ctx.clock())
+                except Exception:  # counting must never stop firing
+                    log.exception("counting the published messages failed")
         for shard, token, batch in sending:
             ctx.stats.fired += batch.count
             owned = ctx.current(shard, token)

@@ -198,6 +198,8 @@ class Dispatcher:
         if self.schedules is not None:
             self.schedules.run_due(now)
         self.progress.commit(now)
+        if self.visible is not None:
+            self.visible.look(now)
         self._write_stats(now)
 
     def _write_stats(self, now: int) -> None:

@@ -48,6 +48,8 @@ class DispatcherVisibility:
         self._keys: Counter[bytes] = Counter()
         self._keys_lock = threading.Lock()
         self._last_fold_ms = 0
+        self._looked_ms = 0
+        self._detail: dict[str, object] = {"member": ctx.config.member, "shards": 0}
 
     @property
     def events(self) -> EventCounter:
@@ -76,17 +78,25 @@ class DispatcherVisibility:
         self.writer.counter.add_many("fired", first)
         self.writer.counter.add_many("refired", retries)
 
-    def _gauges(self) -> Gauges:
-        """On the writer's thread: a look at the shards, as the stats file takes."""
-        shards = dict(self.ctx.shards)  # the fire loop's
-        return Gauges(detail={
+    def look(self, now_ms: int) -> None:
+        """On the fire loop, which owns the shards: take the figures the next report
+        carries (at most once per write interval; a wheel's byte count walks its slots)."""
+        if now_ms - self._looked_ms < self.writer.interval_s * 1000:
+            return
+        self._looked_ms = now_ms
+        shards = self.ctx.shards
+        self._detail = {
             "member": self.ctx.config.member,
             "shards": len(shards),
             "wheel_tasks": sum(len(owned.wheel) for owned in shards.values()),
             "wheel_bytes": sum(owned.wheel.nbytes for owned in shards.values()),
             "gate_waiting": self.gate.waiting,
             "session": self.ctx.session.value,
-        })
+        }
+
+    def _gauges(self) -> Gauges:
+        """On the writer's thread: what the fire loop last took (`look`)."""
+        return Gauges(detail=self._detail)
 
     def _fold(self, now_ms: int) -> None:
         if FOLD_SHARD not in self.ctx.shards or now_ms - self._last_fold_ms < FOLD_EVERY_MS:

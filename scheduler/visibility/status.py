@@ -130,7 +130,10 @@ def shard_rows(store: TaskStore, now_ms: int) -> list[ShardRow]:
 
 
 def read_status(store: TaskStore, counts: CountStore, *, since_ms: int = HOUR_MS, tenant: str | None = None,
-                type_: str | None = None, now_ms: int | None = None, shards: bool = True) -> Status:
+                type_: str | None = None, now_ms: int | None = None, shards: bool = True,
+                consumer_lag: Mapping[str, int] | None = None) -> Status:
+    """The status as of `now_ms`; `consumer_lag` (ready topic -> messages behind) is the
+    queue's to say (`backends.consumer_lag`), passed through."""
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     processes = [p for p in counts.read_processes() if now - p.updated_ms <= LIVE_MS and not p.detail.get(STOPPED)]
     running = running_by_pair(processes)
@@ -145,23 +148,13 @@ def read_status(store: TaskStore, counts: CountStore, *, since_ms: int = HOUR_MS
     for (t, _), lv in by_pair.items():
         if lv.dead:
             dead[t] = dead.get(t, 0) + lv.dead
-    lag: dict[str, int] = {}
-    for process in processes:
-        for topic, n in _int_map(process.detail.get("consumer_lag")).items():
-            lag[topic] = lag.get(topic, 0) + n
     ages = [now - p.updated_ms for p in processes if p.role != "producer"]
     return Status(
         at_ms=now, since_ms=since_ms, tenant=tenant, type=type_, levels=by_pair, total=total,
         per_minute=per_minute(counts, first_minute, last_minute, tenant, type_),
         lateness={kind: lateness_of(counts, kind, window_first, last_minute) for kind in ("fire", "start")},
         shards=shard_rows(store, now) if shards else [], processes=processes,
-        stalest_ms=max(ages) if ages else None, dead_by_tenant=dead, consumer_lag=lag)
-
-
-def _int_map(value: object) -> Mapping[str, int]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): int(v) for k, v in value.items() if isinstance(v, int)}
+        stalest_ms=max(ages) if ages else None, dead_by_tenant=dead, consumer_lag=dict(consumer_lag or {}))
 
 
 def status_document(status: Status) -> dict[str, object]:

@@ -142,11 +142,12 @@ class CountWriter:
                 self.store.write_process(ProcessReport(self.writer, self.role, socket.gethostname(), os.getpid(),
                                                        self.started_ms, now, {} if self._stopping else
                                                        dict(gauges.running), detail))
-            except SchedulerError as exc:
+            except Exception as exc:  # counts must never stop the process: a store error, or a bug
                 self.failures += 1
                 if self.last_error is None or self.failures % 30 == 1:
                     log.warning("writing the counts failed (%d so far): %s; kept for the next write",
-                                self.failures, exc, extra={"action": "counts_write_failed"})
+                                self.failures, exc, exc_info=not isinstance(exc, SchedulerError),
+                                extra={"action": "counts_write_failed"})
                 self.last_error = str(exc)
                 return False
             self.writes += 1

@@ -255,6 +255,20 @@ class SqliteQueue:
         rows = self._read(_POSITION, (group, topic, partition))
         return int(rows[0][0]) if rows else None
 
+    def lag(self, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
+        """Topic -> messages its group (`groups`: group -> its topics) has not committed
+        past, as `scheduler.adapters.kafka.lag.consumer_lag` answers for Kafka."""
+        lag: dict[str, int] = {}
+        for group, topics in groups.items():
+            for topic in topics:
+                rows = self._read(
+                    'SELECT COUNT(*) FROM messages m LEFT JOIN positions p ON p."group" = ? AND p.topic = m.topic '
+                    'AND p."partition" = m."partition" WHERE m.topic = ? AND m."offset" >= coalesce(p.next_offset, 0)',
+                    (group, topic))
+                if rows and rows[0][0]:
+                    lag[topic] = int(rows[0][0])
+        return lag
+
     def commit(self, group: str, topic: str, positions: Mapping[int, int]) -> None:
         with self._transaction() as db:
             db.executemany(_COMMIT, ((group, topic, partition, offset) for partition, offset in positions.items()))

@@ -49,7 +49,7 @@ def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
     if ready_partitions < 1:
         raise ConfigError(f"ready topics need at least one partition, got {ready_partitions}")
     wanted = wanted_topics(settings, shard_count=shard_count, ready_partitions=ready_partitions)
-    admin = _admin(settings)
+    admin = admin_client(settings)
     existing = _partition_counts(admin, settings)
     _check_handoff(settings, existing, shard_count)
     missing = [
@@ -85,7 +85,7 @@ def delete_topics(settings: KafkaSettings) -> None:
     """Delete the deployment's topics and the dispatchers' committed positions (the
     consumer group), whichever exist. Everything waiting in them is lost: for tests and
     for tearing a deployment down."""
-    admin = _admin(settings)
+    admin = admin_client(settings)
     existing = _partition_counts(admin, settings)
     names = [
         name
@@ -102,7 +102,7 @@ def delete_topics(settings: KafkaSettings) -> None:
     _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND)
 
 
-def _admin(settings: KafkaSettings) -> AdminClient:
+def admin_client(settings: KafkaSettings) -> AdminClient:
     # The logger keeps librdkafka's own log lines (one per refused connection) off stderr.
     config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap, "logger": log}
     return AdminClient(config)
