@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from scheduler.dispatcher.rows import topic_tags
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
@@ -42,6 +43,9 @@ from scheduler.ports import (
     TopicScanner,
 )
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
+
+if TYPE_CHECKING:
+    from scheduler.adapters.cassandra.store import CassandraTaskStore
 
 log = logging.getLogger(__name__)
 
@@ -84,68 +88,73 @@ def open_store(settings: BackendSettings) -> Iterator[TaskStore]:
         store.close()
 
 
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Closable)
+
+
 @contextmanager
-def open_schedules(settings: BackendSettings, store: TaskStore) -> Iterator[ScheduleStore]:
+def _beside(settings: BackendSettings, store: TaskStore, embedded: Callable[[], C],
+            cassandra: Callable[[CassandraTaskStore], C]) -> Iterator[C]:
+    """A store that lives beside `store`'s tasks: made by `embedded()` on the embedded
+    backend, by `cassandra(store)` (its keyspace and session) on Cassandra; closed after.
+    The backend is told by the settings, so the embedded one never imports the driver."""
+    opened = embedded() if settings.backend == "embedded" else cassandra(cast("CassandraTaskStore", store))
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def open_schedules(settings: BackendSettings, store: TaskStore) -> AbstractContextManager[ScheduleStore]:
     """The recurring schedules of this backend, beside `store`'s tasks (its file, or its
     keyspace and session)."""
-    schedules: ScheduleStore
-    if settings.backend == "embedded":
+    def embedded() -> ScheduleStore:
         from scheduler.adapters.embedded.schedules import SqliteScheduleStore
 
-        schedules = SqliteScheduleStore(settings.db, shard_count=store.shard_count)
-    else:
+        return SqliteScheduleStore(settings.db, shard_count=store.shard_count)
+
+    def cassandra(tasks: CassandraTaskStore) -> ScheduleStore:
         from scheduler.adapters.cassandra.schedules import CassandraScheduleStore
-        from scheduler.adapters.cassandra.store import CassandraTaskStore
 
-        assert isinstance(store, CassandraTaskStore)
-        schedules = CassandraScheduleStore.for_store(store)
-    try:
-        yield schedules
-    finally:
-        schedules.close()
+        return CassandraScheduleStore.for_store(tasks)
+
+    return _beside(settings, store, embedded, cassandra)
 
 
-@contextmanager
-def open_limits(settings: BackendSettings, store: TaskStore) -> Iterator[LimitsStore]:
+def open_limits(settings: BackendSettings, store: TaskStore) -> AbstractContextManager[LimitsStore]:
     """The fairness limits of this backend, beside `store`'s tasks (its file, or its
     keyspace and session)."""
-    limits: LimitsStore
-    if settings.backend == "embedded":
+    def embedded() -> LimitsStore:
         from scheduler.adapters.embedded.limits import SqliteLimitsStore
 
-        limits = SqliteLimitsStore(settings.db)
-    else:
+        return SqliteLimitsStore(settings.db)
+
+    def cassandra(tasks: CassandraTaskStore) -> LimitsStore:
         from scheduler.adapters.cassandra.limits import CassandraLimitsStore
-        from scheduler.adapters.cassandra.store import CassandraTaskStore
 
-        assert isinstance(store, CassandraTaskStore)
-        limits = CassandraLimitsStore.for_store(store)
-    try:
-        yield limits
-    finally:
-        limits.close()
+        return CassandraLimitsStore.for_store(tasks)
+
+    return _beside(settings, store, embedded, cassandra)
 
 
-@contextmanager
-def open_counts(settings: BackendSettings, store: TaskStore) -> Iterator[CountStore]:
+def open_counts(settings: BackendSettings, store: TaskStore) -> AbstractContextManager[CountStore]:
     """The counts `scheduler status` reads (`scheduler.visibility`): on the embedded
     backend a file of their own beside the tasks (`counts.db`), on Cassandra tables in
     the task store's keyspace, on its session."""
-    counts: CountStore
-    if settings.backend == "embedded":
+    def embedded() -> CountStore:
         from scheduler.adapters.embedded.counts import SqliteCountStore, counts_path
 
-        counts = SqliteCountStore(counts_path(settings.db))
-    else:
-        from scheduler.adapters.cassandra.counts import CassandraCountStore
-        from scheduler.adapters.cassandra.store import CassandraTaskStore
+        return SqliteCountStore(counts_path(settings.db))
 
-        assert isinstance(store, CassandraTaskStore)
-        counts = CassandraCountStore.for_store(store)
-    try:
-        yield counts
-    finally:
-        counts.close()
+    def cassandra(tasks: CassandraTaskStore) -> CountStore:
+        from scheduler.adapters.cassandra.counts import CassandraCountStore
+
+        return CassandraCountStore.for_store(tasks)
+
+    return _beside(settings, store, embedded, cassandra)
 
 
 @contextmanager

@@ -5,7 +5,6 @@ tests/integration/test_status_cluster.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,27 +15,10 @@ from tests.visibility import run_status_scenario
 from tests.workers import Workers
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    return {"SCHEDULER_BACKEND": "embedded", "SCHEDULER_DB": str(tmp_path / "db" / "tasks.db"),
-            "SCHEDULER_LEASE_TIMEOUT_S": "3"}
-
-
-@pytest.fixture
-def processes(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[Fleet, Workers]]:
-    fleet = Fleet(env, tmp_path)
-    workers = Workers(env, tmp_path, tmp_path / "sink.db")
-    try:
-        yield fleet, workers
-    finally:
-        workers.stop_all()
-        fleet.stop_all()
-
-
 @pytest.mark.timeout(180)
-def test_status_shows_what_happened(env: dict[str, str], processes: tuple[Fleet, Workers], tmp_path: Path) -> None:
-    fleet, workers = processes
-    final = run_status_scenario(env, fleet, workers, tmp_path)
+def test_status_shows_what_happened(embedded: tuple[Fleet, Workers], tmp_path: Path) -> None:
+    fleet, workers = embedded
+    final = run_status_scenario(fleet.env, fleet, workers, tmp_path)
     assert len(final["shards"]) == 64
 
 
