@@ -56,6 +56,9 @@ class Outcomes:
         """Plan the job's outcome (`error` None: done), then settle its followers."""
         self._plan(job, error, payload_error)
         for delivery in job.followers:  # settled once the outcome itself is
+            if self.visible is not None and delivery[:3] != job.delivery[:3]:
+                # A second message of the attempt (published twice), not the same one delivered again.
+                self.visible.skipped(job.message.task, cancelled=False)
             self._submit(Plan(delivery))
 
     def _plan(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
@@ -84,6 +87,8 @@ class Outcomes:
             # and it can never end the task `dead` while the other copy ends it `done`.
             wait_s = max(1.0, backoff_s(task.attempt, policy))
             self._stats.deferred += 1
+            if self.visible is not None:
+                self.visible.skipped(task, cancelled=False)  # its copy is fired again, as a new message
             self._submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
             return
         if task.attempt >= attempts_allowed(task.max_attempts, policy):
