@@ -117,6 +117,8 @@ class EventCounter:
         self._minute = -1
         self._by_hour: dict[Pair, list[int]] = {}
         self._by_minute: dict[Pair, list[int]] = {}
+        self._unwritten: set[Pair] = set()
+        """Tenants' (tenant, type) whose minute row changed since it was last given out."""
 
     def add(self, event: str, tenant: str, type: str, n: int = 1) -> None:
         i = EVENT_INDEX[event]
@@ -138,23 +140,30 @@ class EventCounter:
                     values = pending[pair] = [0] * len(EVENTS)
                 values[i] += n
 
-    def take(self, now_ms: int) -> tuple[list[CountRow], list[CountRow]]:
+    def take(self, now_ms: int, *, tenant_minutes: bool = True) -> tuple[list[CountRow], list[CountRow]]:
         """The hour rows and minute rows that changed since the last take, with their
         absolute values (to be written over the previous ones). Minute rows come also
-        added up over tenants, under `AGGREGATE_TENANT`."""
+        added up over tenants, under `AGGREGATE_TENANT`, at every take; each tenant's
+        own minute rows only when `tenant_minutes` is asked for, and when their minute
+        ends (so a writer with thousands of tenants does not rewrite them all every
+        take: the per-tenant minutes are then as old as the last take that asked)."""
         with self._lock:
             pending, self._pending = self._pending, {}
         hour, minute = now_ms // HOUR_MS, now_ms // MINUTE_MS
+        minutes: list[CountRow] = []
+        if minute != self._minute:
+            # The minute that ended: its tenants' rows not written since they last changed.
+            minutes += [CountRow(self._minute, t, k, self.writer, tuple(self._by_minute[(t, k)]))
+                        for t, k in self._unwritten]
+            self._minute, self._by_minute, self._unwritten = minute, {}, set()
         if hour != self._hour:
             self._hour, self._by_hour = hour, {}
-        if minute != self._minute:
-            self._minute, self._by_minute = minute, {}
         hours: list[CountRow] = []
-        minutes: list[CountRow] = []
         everyone: dict[Pair, list[int]] = {}
         for pair, values in pending.items():
             self._accumulate(self._by_hour, hour, pair, values, hours)
-            self._accumulate(self._by_minute, minute, pair, values, minutes)
+            self._accumulate(self._by_minute, minute, pair, values, None)
+            self._unwritten.add(pair)
             sums = everyone.get((AGGREGATE_TENANT, pair[1]))
             if sums is None:
                 everyone[(AGGREGATE_TENANT, pair[1])] = list(values)
@@ -163,16 +172,20 @@ class EventCounter:
                     sums[i] += n
         for pair, values in everyone.items():
             self._accumulate(self._by_minute, minute, pair, values, minutes)
+        if tenant_minutes:
+            minutes += [CountRow(minute, t, k, self.writer, tuple(self._by_minute[(t, k)])) for t, k in self._unwritten]
+            self._unwritten = set()
         return hours, minutes
 
     def _accumulate(self, table: dict[Pair, list[int]], period: int, pair: Pair, values: list[int],
-                    out: list[CountRow]) -> None:
+                    out: list[CountRow] | None) -> None:
         total = table.get(pair)
         if total is None:
             total = table[pair] = [0] * len(EVENTS)
         for i, n in enumerate(values):
             total[i] += n
-        out.append(CountRow(period, pair[0], pair[1], self.writer, tuple(total)))
+        if out is not None:
+            out.append(CountRow(period, pair[0], pair[1], self.writer, tuple(total)))
 
 
 def sum_rows(rows: Iterable[CountRow], base: Mapping[Pair, Values] | None = None) -> dict[Pair, Values]:

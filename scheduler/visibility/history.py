@@ -11,7 +11,7 @@ cell of its own. An attempt still running has no record yet; its status says so.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,18 @@ class AttemptRecord:
     error: str | None = None
 
     def encode(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if k != "attempt" and v is not None},
-                          separators=(",", ":"))
+        """Compact JSON, without the attempt (the map's key). Written out by hand: one is
+        made per task a worker finishes, and `json.dumps` of a dict cost ~25 µs a task."""
+        parts = [f'"outcome":{json.dumps(self.outcome)}']
+        for name, value in (("fired_ms", self.fired_ms), ("started_ms", self.started_ms),
+                            ("finished_ms", self.finished_ms)):
+            if value is not None:
+                parts.append(f'"{name}":{int(value)}')
+        if self.worker is not None:
+            parts.append(f'"worker":{json.dumps(self.worker)}')
+        if self.error is not None:
+            parts.append(f'"error":{json.dumps(self.error)}')
+        return "{" + ",".join(parts) + "}"
 
     @classmethod
     def decode(cls, attempt: int, text: str) -> AttemptRecord:

@@ -30,6 +30,10 @@ from scheduler.visibility.histogram import LatencyHistogram
 log = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 2.0
+TENANT_MINUTES_EVERY_MS = 10_000
+"""Each tenant's minute rows are written this often (and when their minute ends, and at
+stop); the hour rows, which the states come from, and the all-tenant minute rows at
+every write."""
 STOPPED = "stopped"
 """Set in the detail of a process's last report, written as it stops."""
 
@@ -86,6 +90,7 @@ class CountWriter:
         self._last_total: dict[str, LatencyHistogram] = {}
         self._stop = threading.Event()
         self._stopping = False
+        self._tenant_minutes_ms = 0
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.writes = 0
@@ -119,7 +124,10 @@ class CountWriter:
             if self._before_write is not None:
                 self._before_write()
             now = self._clock()
-            hours, minutes = self.counter.take(now)
+            tenant_minutes = self._stopping or now - self._tenant_minutes_ms >= TENANT_MINUTES_EVERY_MS
+            if tenant_minutes:
+                self._tenant_minutes_ms = now
+            hours, minutes = self.counter.take(now, tenant_minutes=tenant_minutes)
             for row in hours:
                 self._unwritten_hours[(row.period, row.tenant, row.type)] = row
             for row in minutes:

@@ -3,6 +3,7 @@ the pure rules and the writer, on the embedded count store."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from scheduler.errors import StoreError
 from scheduler.ports import AGGREGATE_TENANT, CountStore
 from scheduler.visibility.counts import EVENTS, HOUR_MS, MINUTE_MS, EventCounter, levels, sum_rows
 from scheduler.visibility.fold import fold_hours
+from scheduler.visibility.history import AttemptRecord
 from scheduler.visibility.retention import FOLD_GRACE_MS
 from scheduler.visibility.status import current_totals, read_status
 from scheduler.visibility.writer import STOPPED, CountWriter, Gauges
@@ -138,3 +140,32 @@ def read_status_of(store: CountStore, now: int):  # type: ignore[no-untyped-def]
         return read_status(tasks, store, now_ms=now, shards=False)
     finally:
         tasks.close()
+
+
+@pytest.mark.parametrize("record", [
+    AttemptRecord(1, 10, 20, 30, "w-1", "done"),
+    AttemptRecord(2, None, None, 5, None, "dead", 'boom: "quoted"\nsecond line ✓'),
+    AttemptRecord(3, 1, 2, 3, "host:\\pid", "failed", ""),
+])
+def test_an_attempt_record_reads_back_as_written(record: AttemptRecord) -> None:
+    text = record.encode()
+    assert json.loads(text)["outcome"] == record.outcome
+    assert AttemptRecord.decode(record.attempt, text) == record
+
+
+def test_a_record_that_is_not_one_reads_as_unreadable() -> None:
+    assert AttemptRecord.decode(4, "[1, 2]").outcome == "unreadable record"
+    assert AttemptRecord.decode(4, "{nope").outcome == "unreadable record"
+
+
+def test_tenant_minute_rows_wait_for_a_take_that_asks_or_for_their_minute_to_end() -> None:
+    counter = EventCounter("w1")
+    counter.add("done", "acme", "sms", 2)
+    _, minutes = counter.take(T0 + 1000, tenant_minutes=False)
+    assert [(r.tenant, r.values) for r in minutes] == [(AGGREGATE_TENANT, vals(done=2))]
+    counter.add("done", "acme", "sms")
+    _, minutes = counter.take(T0 + MINUTE_MS + 5, tenant_minutes=False)  # the first minute ended
+    assert {(r.period, r.tenant, r.values) for r in minutes} == {
+        (T0 // MINUTE_MS, "acme", vals(done=2)), (T0 // MINUTE_MS + 1, AGGREGATE_TENANT, vals(done=1))}
+    _, minutes = counter.take(T0 + MINUTE_MS + 10)
+    assert [(r.period, r.tenant, r.values) for r in minutes] == [(T0 // MINUTE_MS + 1, "acme", vals(done=1))]

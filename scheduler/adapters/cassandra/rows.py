@@ -142,7 +142,7 @@ def insert_batch(
     return batch
 
 
-def partition_batch(keyspace: str, key: tuple[bytes, bytes], *, unlogged: bool = True) -> BatchStatement:
+def partition_batch(keyspace: str, key: tuple[bytes, ...], *, unlogged: bool = True) -> BatchStatement:
     """An empty batch for the partition whose key is `key`, routed to its replicas (what
     the driver's `add` would take from the first bound statement)."""
     batch = BatchStatement(batch_type=BatchType.UNLOGGED if unlogged else BatchType.LOGGED)
