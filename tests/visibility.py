@@ -129,7 +129,7 @@ README_ID = "01a244a5-3cd7-766c-b76a-50447abbfbc9"
 def run_readme_commands(env: Mapping[str, str], task_id: str) -> None:
     """Each command of the README's "Seeing what is going on" block, as written (the
     example id replaced by a real one), exits 0 and prints something."""
-    block = re.search(r"```sh\n(.*?)```", section("Seeing what is going on"), re.S)
+    block = re.search(r"```sh\n(.*?)```", section("## Seeing what is going on"), re.S)
     assert block is not None, "the README's visibility section has no sh block"
     commands = [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
     assert len(commands) == 3 and all(command[0] == "scheduler" for command in commands)
