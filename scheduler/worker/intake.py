@@ -58,7 +58,7 @@ from collections.abc import Callable, Mapping
 
 from scheduler import cancels
 from scheduler.errors import InvalidMessage
-from scheduler.model import Message, TaskId, decode_message
+from scheduler.model import Message, Task, TaskId, decode_message
 from scheduler.ports import CancelMarks, Consumer, Delivery, StoredTask, TaskStatus, TaskStore, TopicPartition
 from scheduler.worker import dead_letters
 from scheduler.worker.app import App
@@ -241,7 +241,7 @@ class Intake:
         shard_count = self._shard_count
         for delivery, message in decoded:
             task = message.task
-            if homes is not None and self._skip(task.attempt, homes.get(task.id)):
+            if homes is not None and self._skip(task, homes.get(task.id)):
                 self._commits.settle(delivery)
                 continue
             handler = self._app.lookup(task.type)
@@ -290,18 +290,23 @@ class Intake:
             log.warning("home-row check of %d tasks failed; running them unchecked: %s", len(ids), exc)
             return None
 
-    def _skip(self, attempt: int, home: StoredTask | None) -> bool:
+    def _skip(self, task: Task, home: StoredTask | None) -> bool:
         """Whether the home row says this attempt must not run (see the module docstring)."""
         if home is None:
             return False
+        attempt = task.attempt
+        stats = self._stats
         if home.status is TaskStatus.CANCELLED:
-            self._stats.skipped_cancelled += 1
+            stats.skipped_cancelled += 1
+            stats.count("skipped_cancelled", task)
             return True
         if home.status.finished:
-            self._stats.skipped_finished += 1
+            stats.skipped_finished += 1
+            stats.count("skipped_finished", task)
             return True
         if home.status_attempt > attempt or (home.status_attempt == attempt and home.status is TaskStatus.FAILED):
-            self._stats.skipped_superseded += 1
+            stats.skipped_superseded += 1
+            stats.count("skipped_superseded", task)
             return True
         return False
 

@@ -57,6 +57,7 @@ class Outcomes:
         delivery = job.delivery
         if error is None:
             self._stats.done += 1
+            self._stats.count("done", task)
             self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE)))
             return
         text = describe(error)
@@ -75,6 +76,7 @@ class Outcomes:
             # and it can never end the task `dead` while the other copy ends it `done`.
             wait_s = max(1.0, backoff_s(task.attempt, policy))
             self._stats.deferred += 1
+            self._stats.count("deferred", task)
             self._submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
             return
         if task.attempt >= attempts_allowed(task.max_attempts, policy):
@@ -83,6 +85,7 @@ class Outcomes:
         delay_s = retry_delay_s(error, task.attempt, policy)
         retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
         self._stats.retried += 1
+        self._stats.count("retried", task)
         self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text),
                           retry=retry))
 
@@ -90,6 +93,7 @@ class Outcomes:
         """Dead-letter the delivery (`message` None: it could not be decoded)."""
         self._stats.dead += 1
         task = None if message is None else message.task
+        self._stats.count("dead", task)
         task_id = task.id if task is not None else _id_of(delivery.value)
         letter = dead_letters.DeadLetter(
             message=delivery.value, task_id=task_id, tenant=task.tenant if task else None,
