@@ -76,7 +76,7 @@ class DispatcherCollector(Collector):
         yield store_errors
 
         yield _gauge("shards_held", "Shards this dispatcher holds and fires.", gauges.shards_held)
-        yield _gauge("shard_count", "Shards of the deployment (every dispatcher reports the same).", ctx.shard_count)
+        yield _gauge("shards", "Shards of the deployment (every dispatcher reports the same).", ctx.shard_count)
         if gauges.cursor_lag_max_ms is not None:
             yield _gauge("cursor_lag_max_seconds",
                          "Now minus the oldest cursor written to the store among the shards held.",

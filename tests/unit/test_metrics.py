@@ -110,7 +110,7 @@ def test_the_dispatcher_exports_what_it_fired_by_priority_and_bounded_type_and_i
     assert [float(le) for le in got.labels_of(lateness + "_bucket", "le")[:-1]] == [b / 1000 for b in BOUNDS_MS]
 
     assert got.value("scheduler_dispatcher_tasks_handed_off_total") == 5
-    assert got.value("scheduler_dispatcher_shard_count") == SHARDS
+    assert got.value("scheduler_dispatcher_shards") == SHARDS
     assert got.value("scheduler_dispatcher_shards_held") == 1
     assert got.value("scheduler_dispatcher_handoff_lag_max_seconds") == pytest.approx(0.010)
     assert got.value("scheduler_dispatcher_cursor_lag_max_seconds") == pytest.approx(0.001)
