@@ -59,6 +59,11 @@ class Scrape:
     def sample_names(self) -> set[str]:
         return {sample.name for sample in self.samples}
 
+    def exportable(self) -> set[str]:
+        """Every sample name the families can have, with or without samples yet."""
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
+        return {name + suffix for name, kind in self.families.items() for suffix in suffixes.get(kind, ("",))}
+
     def matching(self, name: str, **labels: str) -> Iterator[Sample]:
         for sample in self.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
