@@ -238,6 +238,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
     parser.add_argument("--college-at-s", type=float, default=fair.college_at_s,
                         help=f"fairness: the college's tasks fall due this long after M (default "
                              f"{fair.college_at_s:g})")
+    parser.add_argument("--metrics", action="store_true",
+                        help="start every dispatcher (and worker) with --metrics-port 0 and scrape each endpoint "
+                             "every second for the whole run, as Prometheus would: measures what the metrics cost "
+                             "(run with and without it, alternately); the document's `metrics` says how the "
+                             "scrapes went and what the endpoints counted")
     parser.add_argument("--no-align", dest="align", action="store_false",
                         help="start the burst at the first whole second at least the lead ahead instead of a "
                              "minute boundary (quick checks: no wait for the next minute; the burst may straddle "
@@ -277,7 +282,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                          args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy,
                          args.workers, args.worker_concurrency, args.align, args.scenario,
                          args.event_at_s if args.scenario in ("failover", "pause") else None, args.pause_s,
-                         args.backend, mix)
+                         args.backend, mix, args.metrics)
 
 
 def defaults(name: str, form: str) -> str:

@@ -84,6 +84,8 @@ from bench.nine.report import percentile
 from bench.nine.settings import SHARDS, TASK_TYPE
 from bench.nine.workers import Handled, WorkerFleet, all_settled, read_records, tally
 from bench.nine.workload import Burst, text_length_for
+from bench.scraper import Scraper
+from bench.scraper import summary as scraper_summary
 from scheduler.model import BUCKET_MS, DEFAULT_MAX_ATTEMPTS, Priority, Task, TaskId, encode_message, encode_payload
 from scheduler.ports import Publisher, TaskStore
 from scheduler.settings import KafkaSettings
@@ -110,6 +112,7 @@ class Options:
     keep: bool
     work_dir: Path | None
     py_spy: Path | None
+    metrics: bool = False
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
@@ -141,6 +144,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "unless --keep or something failed)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR",
                         help="record each worker with py-spy (raw collapsed stacks, by thread) into DIR")
+    parser.add_argument("--metrics", action="store_true",
+                        help="start every worker with --metrics-port 0 and scrape it every second, as Prometheus "
+                             "would: measures what the metrics cost (run with and without it, alternately)")
     args = parser.parse_args(argv)
     if args.tasks < 1 or not 1 <= args.processes <= 8 or not 1 <= args.concurrency <= 1024:
         parser.error("--tasks must be positive, --processes 1 to 8, --concurrency 1 to 1024")
@@ -149,7 +155,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
     timeout_s = args.timeout_s if args.timeout_s is not None else 120 + args.tasks / 500
     return args, Options(args.backend, args.tasks, args.concurrency, args.processes, args.payload_bytes,
                          args.tenants, min(args.ceiling_tasks, args.tasks), timeout_s, args.keep, args.work_dir,
-                         args.py_spy)
+                         args.py_spy, args.metrics)
 
 
 # The backends: where the tasks are stored and published, and how the workers find them.
@@ -300,7 +306,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     pids: dict[str, int] = dict(servers)
     cpu_timeline: list[tuple[int, dict[str, float]]] = []
     started_ms = now_ms()
-    fleet.start(options.processes, options.concurrency)
+    fleet.start(options.processes, options.concurrency, extra=["--metrics-port", "0"] if options.metrics else [])
+    scraper = Scraper([(m.name, m.log_path.read_text) for m in fleet.members]).start() if options.metrics else None
     pids.update({member.name: member.process.pid for member in fleet.members})
     profiler.start("run")
     echo(f"workers: {options.processes} x concurrency {options.concurrency} started")
@@ -323,6 +330,10 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
             time.sleep(POLL_S)
     finally:
         profiler.stop()
+        if scraper is not None:
+            scraper.stop()
+            document["metrics"] = scraper.figures()
+            echo(scraper_summary(document["metrics"]))
     cpu_end = cpu_timeline[-1]
     fleet.stop()
     records = read_records(fleet.records_dir)

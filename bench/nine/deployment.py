@@ -201,11 +201,14 @@ class DispatcherProcess(BenchProcess):
 class Fleet:
     """The dispatcher processes of one run, each with its own log and stats file."""
 
-    def __init__(self, env: dict[str, str], backend: Sequence[str], directory: Path) -> None:
+    def __init__(self, env: dict[str, str], backend: Sequence[str], directory: Path,
+                 extra: Sequence[str] = ()) -> None:
         """`env`: the variables that name the deployment; `backend`: the arguments that
-        pick the backend (`--backend cassandra`, or `--backend embedded --db PATH`)."""
+        pick the backend (`--backend cassandra`, or `--backend embedded --db PATH`);
+        `extra`: more arguments for every dispatcher (`--metrics-port 0`)."""
         self.env = {**os.environ, **env}
         self.backend = list(backend)
+        self.extra = list(extra)
         self.directory = directory
         self.members: list[DispatcherProcess] = []
 
@@ -214,7 +217,7 @@ class Fleet:
             name = f"dispatcher-{n}"
             self.members.append(DispatcherProcess.start(
                 name, ["dispatcher", *self.backend, "--shards", "auto", "--member", name,
-                       "--lease-timeout", str(LEASE_TIMEOUT_S)], self.directory, self.env))
+                       "--lease-timeout", str(LEASE_TIMEOUT_S), *self.extra], self.directory, self.env))
 
     def check_alive(self) -> None:
         for member in self.members:

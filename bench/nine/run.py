@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.scraper import Scraper, summary
 from scheduler.model import BUCKET_MS
 
 from .backends import Backend, EmbeddedBackend, ServerBackend
@@ -123,7 +124,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     if ingested_ms >= minute_ms - 1000:
         raise BenchFailure("ingest ended less than a second before the burst minute: raise --lead-s")
 
-    fleet = Fleet(backend.env(), backend.arguments(), work_dir)
+    metrics_args = ["--metrics-port", "0"] if options.metrics else []
+    fleet = Fleet(backend.env(), backend.arguments(), work_dir, metrics_args)
     workers = (WorkerFleet({**os.environ, **backend.env()}, work_dir, backend.arguments())
                if options.workers else None)
     profilers = [Profiler(options.py_spy, fleet)] + ([Profiler(options.py_spy, workers)] if workers else [])
@@ -131,13 +133,17 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     completed = False
     handled_ms: int | None = None
     disruption: Disruption | None = None
+    scraper: Scraper | None = None
     try:
         fleet.start(options.dispatchers)
         if options.scenario in ("failover", "pause"):
             event_at_ms = minute_ms + round((options.event_at_s or 0) * 1000)
             disruption = Disruption.plan(options.scenario, fleet.members, event_at_ms, options.pause_s)
         if workers is not None:
-            workers.start(options.workers, options.worker_concurrency)
+            workers.start(options.workers, options.worker_concurrency, extra=metrics_args)
+        if options.metrics:
+            processes = [*fleet.members, *(workers.members if workers is not None else [])]
+            scraper = Scraper([(m.name, m.log_path.read_text) for m in processes]).start()
         started_ms = now_ms()
         settle_s = fleet.wait_for_shards(SETTLE_TIMEOUT_S)
         echo(f"dispatchers: {options.dispatchers} hold the {SHARDS} shards after {settle_s:.1f} s")
@@ -247,6 +253,10 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         completed = True
     finally:
         phases.stop()
+        if scraper is not None:
+            scraper.stop()
+            document["metrics"] = scraper.figures()
+            echo(summary(document["metrics"]))
         for profiler in profilers:
             profiler.stop()
         if disruption is not None:

@@ -135,3 +135,5 @@ class Options:
     """cassandra (Cassandra, Kafka, ZooKeeper) or embedded (the SQLite files)."""
     fairness: FairnessMix | None = None
     """fairness: the workload and limits; None in the other scenarios."""
+    metrics: bool = False
+    """Every process with `--metrics-port 0`, scraped every second (`bench.scraper`)."""

@@ -111,12 +111,12 @@ class WorkerFleet:
         self.members: list[WorkerProcess] = []
         self.codes: list[int | None] = []
 
-    def start(self, count: int, concurrency: int, app: str = WORKER_APP) -> None:
+    def start(self, count: int, concurrency: int, app: str = WORKER_APP, extra: Sequence[str] = ()) -> None:
         for n in range(1, count + 1):
             name = f"worker-{n}"
             self.members.append(WorkerProcess.start(
                 name, ["worker", "--app", app, "--concurrency", str(concurrency), "--member", name,
-                       "--log-level", "info", *self.backend], self.directory, self.env))
+                       "--log-level", "info", *self.backend, *extra], self.directory, self.env))
 
     def check_alive(self) -> None:
         for member in self.members:

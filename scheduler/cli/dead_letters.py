@@ -43,7 +43,8 @@ def _when(ms: int) -> str:
 @dlq.command("list")
 @click.option("--tenant", "tenant", help="Only this tenant's letters.")
 @click.option("--type", "type_", help="Only letters of this task type.")
-@click.option("--limit", "limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--limit", "limit", type=click.IntRange(1), default=100, show_default=True,
+              help="Show at most this many letters.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @store_options
 def dlq_list(tenant: str | None, type_: str | None, limit: int, as_json: bool, backend: str, db: Path,

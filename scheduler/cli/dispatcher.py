@@ -11,8 +11,9 @@ from typing import Any
 import click
 
 from scheduler import backends
-from scheduler.cli.options import Exit, backend_settings, store_options
+from scheduler.cli.options import Exit, backend_settings, metrics_options, start_metrics, store_options
 from scheduler.settings import ZooKeeperSettings
+from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
 
 
 @click.command()
@@ -53,13 +54,20 @@ from scheduler.settings import ZooKeeperSettings
               help="How far back (seconds) the full sweep looks. A row written without a hand-off more than this "
                    "after its run_at is not found; the SDK hands such tasks off (scheduler.connect). Costs 24 bytes "
                    "a task fired within it.")
+@click.option("--metrics-types", "metrics_types", type=click.IntRange(0, MAX_TYPE_LABELS),
+              default=DEFAULT_TYPE_LABELS, show_default=True, envvar="SCHEDULER_METRICS_TYPES", show_envvar=True,
+              help="How many task types get a `type` label of their own in the metrics: the first seen; every "
+                   "other type counts as `other`, so producers cannot grow the series without bound.")
+@metrics_options
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
-              envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True)
+              envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True, help="Least severe log line written "
+              "to stderr.")
 @store_options
 def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
                tick_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
-               hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, log_level: str, backend: str,
-               db: Path, **options: Any) -> None:
+               hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, metrics_types: int,
+               metrics_port: int | None, metrics_host: str, log_level: str, backend: str, db: Path,
+               **options: Any) -> None:
     """Hold shard leases and fire due tasks to the ready topics until stopped.
 
     With tenant limits set (`scheduler limits`), due tasks are released fairly between
@@ -86,6 +94,7 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
                         datefmt="%Y-%m-%dT%H:%M:%S")
     if 1000 % tick_ms:
         raise click.BadParameter(f"--tick-ms {tick_ms} does not divide 1000")
+    metrics = start_metrics(metrics_host, metrics_port)  # before joining: a port in use fails now
     zookeeper = ZooKeeperSettings.from_env(hosts=zookeeper_hosts, root=zookeeper_root,
                                            session_timeout_s=lease_timeout_s)
     settings = backend_settings(backend, db, zookeeper=zookeeper, **options)
@@ -97,13 +106,17 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
             long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
             limits_interval_s=limits_interval_s, hold_timeout_s=hold_timeout_s,
             sweep_interval_ms=int(sweep_interval_s * 1000), sweep_horizon_ms=int(sweep_horizon_s * 1000),
-            dead_letter_topic=settings.kafka.dead_letter_topic,
+            dead_letter_topic=settings.kafka.dead_letter_topic, metrics_types=metrics_types,
         )
         schedule_runner = ScheduleRunner(parts.schedules, Client(parts.store, handoff=parts.handoff),
                                          clock=wall_clock_ms)
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
                             handoff_reader=parts.handoff_reader, topics=parts.topics,
                             schedule_runner=schedule_runner, limits_store=parts.limits, counts=parts.counts)
+        if metrics is not None:
+            from scheduler.visibility.dispatcher_metrics import DispatcherCollector
+
+            metrics.register(DispatcherCollector(runner.ctx))
         runner.load_limits()
         runner.start_session()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,7 @@ from scheduler.settings import (
 
 if TYPE_CHECKING:
     from scheduler.producer import Client
+    from scheduler.visibility.metrics import MetricsServer
 
 
 class Exit(IntEnum):
@@ -113,6 +114,30 @@ def store_options(function: F) -> F:
         help="embedded: SQLite files on this machine, no servers. cassandra: the distributed backend "
              "(Cassandra, Kafka, ZooKeeper).",
     )(function)
+
+
+def metrics_options(function: F) -> F:
+    """`--metrics-port` and `--metrics-host`: the process's Prometheus endpoint."""
+    function = click.option(
+        "--metrics-host", "metrics_host", default="127.0.0.1", envvar="SCHEDULER_METRICS_HOST", show_envvar=True,
+        show_default=True, help="Address the metrics endpoint listens on. Loopback by default: the endpoint has no "
+        "authentication, so expose it (e.g. 0.0.0.0) only where the network decides who can scrape it.",
+    )(function)
+    return click.option(
+        "--metrics-port", "metrics_port", type=click.IntRange(0, 65535), envvar="SCHEDULER_METRICS_PORT",
+        show_envvar=True, help="Serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port, logged). "
+        "Default: no endpoint. A port in use is an error (exit 2) before the process joins anything.",
+    )(function)
+
+
+def start_metrics(host: str, port: int | None) -> MetricsServer | None:
+    """The process's metrics endpoint, bound now (`ConfigError`, exit 2, if it cannot be),
+    or None without `--metrics-port`. Collectors are registered once the process exists."""
+    if port is None:
+        return None
+    from scheduler.visibility.metrics import serve
+
+    return serve(host, port)
 
 
 def backend_settings(backend: str, db: Path, *, kafka_bootstrap: str, topic_prefix: str,

@@ -63,8 +63,9 @@ def schedule() -> None:
 @click.option("--type", "task_type", required=True, help="Task type of every run (its handler).")
 @click.option("--payload", "payload", default="null", show_default=True, help="Every run's payload, as JSON.")
 @click.option("--priority", "priority", type=click.Choice([p.value for p in Priority]), default="normal",
-              show_default=True)
-@click.option("--max-attempts", "max_attempts", type=int, default=3, show_default=True)
+              show_default=True, help="Priority of every run.")
+@click.option("--max-attempts", "max_attempts", type=int, default=3, show_default=True,
+              help="Attempts of every run before it is dead-lettered.")
 @click.option("--misfire", "misfire", default="once", show_default=True,
               help="Slots missed while the scheduler was down (past the grace): once (one catch-up run), "
                    "all (every missed slot), skip (none).")

@@ -37,10 +37,11 @@ from scheduler.ports import CancelOutcome, StoredTask
               "A time in the past means due now.")
 @click.option("--delay", "delay", help="Due this long from now: 90, 90s, 15m, 1h30m, 2d. Default: due now.")
 @click.option("--priority", "priority", type=click.Choice([p.value for p in Priority]), default="normal",
-              show_default=True)
+              show_default=True, help="Ready topic it is published to; workers serve high, normal and low 7:2:1.")
 @click.option("--key", "key", help="Idempotency key: the same tenant, key and --run-at always name the same "
               "task, so a repeated submit writes no second one. Needs --run-at.")
-@click.option("--max-attempts", "max_attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option("--max-attempts", "max_attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True,
+              help="Attempts before the task is dead-lettered (a handler's own limit may be lower).")
 @click.option("--cost", "cost", type=click.IntRange(1, MAX_COST), default=1, show_default=True,
               help="Units of the tenant's rate limit the task uses, e.g. 500 for a task that sends 500 SMS.")
 @click.option("--file", "file", type=click.File("r"), help="Submit every task of a JSON-lines file (`-` for "

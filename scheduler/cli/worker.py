@@ -16,7 +16,7 @@ import click
 
 from scheduler import backends
 from scheduler.backends import POOL_TOPICS
-from scheduler.cli.options import Exit, backend_settings, store_options
+from scheduler.cli.options import Exit, backend_settings, metrics_options, start_metrics, store_options
 from scheduler.worker.runtime import CHECKS
 
 
@@ -43,12 +43,13 @@ from scheduler.worker.runtime import CHECKS
                    "checked).")
 @click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep a JSON document of this worker's counters here (rewritten every second).")
+@metrics_options
 @click.option("--log-level", "log_level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]))
+              type=click.Choice(["debug", "info", "warning", "error"]), help="Least severe log line written to stderr.")
 @store_options
 def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain_timeout_s: float,
-           session_timeout_s: float, check: str, stats_file: Path | None, log_level: str, backend: str, db: Path,
-           **options: Any) -> None:
+           session_timeout_s: float, check: str, stats_file: Path | None, metrics_port: int | None,
+           metrics_host: str, log_level: str, backend: str, db: Path, **options: Any) -> None:
     """Run the handlers of fired tasks until stopped.
 
     Consumes the pool's ready topics in the pool's consumer group, runs each task's
@@ -64,6 +65,7 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%dT%H:%M:%S")
+    metrics = start_metrics(metrics_host, metrics_port)  # before joining: a port in use fails now
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     app = load_app(app_spec)
@@ -79,6 +81,10 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
         )
         runner = Worker(app, config, consumer_factory=parts.consumer_factory, store=parts.store,
                         publisher=parts.publisher, handoff=parts.handoff, ledger=parts.ledger, counts=parts.counts)
+        if metrics is not None:
+            from scheduler.visibility.worker_metrics import WorkerCollector
+
+            metrics.register(WorkerCollector(runner))
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: runner.stop())
         stats_writer: threading.Thread | None = None

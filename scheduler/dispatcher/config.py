@@ -1,5 +1,5 @@
-"""A dispatcher's settings (`DispatcherConfig`), its counters (`Stats`) and the limits
-its parts share."""
+"""A dispatcher's settings (`DispatcherConfig`), its counters (`Stats`), what it holds
+at a moment (`Gauges`) and the limits its parts share."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS
 from scheduler.model import BUCKET_MS
+from scheduler.visibility.histogram import LatencyHistogram
+from scheduler.visibility.labels import DEFAULT_TYPE_LABELS
 
 SCHEDULE_STOP_WAIT_S = 10.0
 """How long a stopping dispatcher waits for a schedule pass under way before it gives
@@ -80,10 +82,21 @@ class DispatcherConfig:
     hold_timeout_s: float = 300.0
     """How long a released task of a capped tenant holds its place without a completion
     (its worker died and nothing ran it again) before the place is freed."""
+    metrics_types: int = DEFAULT_TYPE_LABELS
+    """How many distinct task types get a label of their own in the metrics (the first
+    seen; the rest count as `other`)."""
+    gauges_interval_ms: int = 1000
+    """How often the fire loop takes the `Gauges` the metrics show."""
 
 
 @dataclass
 class Stats:
+    """The dispatcher's counters: plain numbers that the part making each event happen
+    adds to (mostly on the fire loop, the store errors on the pools' threads), read by
+    the stats file and the metrics as they are, without a lock. Per task nothing is
+    done but what the batch already does: counts by wheel tag and the lateness go in
+    once per flushed batch."""
+
     fired: int = 0
     loaded: int = 0
     handed_tasks: int = 0
@@ -127,4 +140,39 @@ class Stats:
     """The least (now - writer's stamp) over the hand-off records of the last window: the
     writers' clocks behind this one's by about this much (plus the transit), or ahead if
     negative."""
+    handoff_failures: int = 0
+    """Reads of the hand-off log, and commits of its positions, that failed."""
+    fired_by_tag: list[int] = field(default_factory=lambda: [0] * 256)
+    """Tasks published, by wheel tag (priority, long topic and type slot: `rows.tag_for`)."""
+    fire_lateness: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Publish (the flush acknowledged) - run_at, in ms, of every task published."""
     started_ms: int = field(default_factory=wall_clock_ms)
+
+    def document(self) -> dict[str, object]:
+        """The counters as the stats file keeps them: every number, and the lateness
+        histogram's count and quantiles."""
+        document: dict[str, object] = {k: v for k, v in vars(self).items() if v is None or isinstance(v, int)}
+        lateness = self.fire_lateness.snapshot()
+        document["fire_lateness_ms"] = {"count": lateness.total, "p50": lateness.quantile(0.5),
+                                        "p99": lateness.quantile(0.99)}
+        return document
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """What a dispatcher holds at one moment, taken by the fire loop (the one thread that
+    may read its shards) every `gauges_interval_ms`, and replaced whole, so the metrics
+    read it from another thread as it is: at most that interval old."""
+
+    at_ms: int = 0
+    shards_held: int = 0
+    cursor_lag_max_ms: int | None = None
+    """now - the oldest cursor written to the store among the shards held (None: none held)."""
+    wheel_tasks: int = 0
+    wheel_bytes: int = 0
+    gate_waiting: int = 0
+    """Tasks due and held back by the release gate (caps and rates)."""
+    unacknowledged_batches: int = 0
+    """Fired batches the queue has not acknowledged yet (published again after a failure)."""
+    handoff_lag_max_ms: int = 0
+    """The greatest now - writer's stamp of the hand-off records read in the interval (0: none)."""

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from scheduler.dispatcher.config import Clock, DispatcherConfig, Stats
+from scheduler.dispatcher.config import Clock, DispatcherConfig, Gauges, Stats
 from scheduler.dispatcher.shard import OwnedShard
 from scheduler.ports import Coordinator, Lease, SessionState, TaskStore
+from scheduler.visibility.labels import TypeLabels
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ class DispatcherContext:
         self.clock = clock
         self.shard_count = store.shard_count
         self.stats = Stats()
+        self.gauges = Gauges()
+        """The latest `Gauges`, replaced whole by the fire loop; any thread reads it."""
+        self.type_labels = TypeLabels(config.metrics_types)
+        """The task types the metrics label (slots in the wheel tags)."""
         self.shards: dict[int, OwnedShard] = {}
         """The shards being fired, by number: the fire loop's alone."""
         self.inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()

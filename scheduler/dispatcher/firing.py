@@ -61,7 +61,8 @@ class Firing:
                 continue
             batch = owned.fire(now, gated=gated)
             if batch.gated is not None:
-                batch.by_tag = gate.admit(shard, batch.gated)
+                batch.run_ats = []
+                batch.by_tag = gate.admit(shard, batch.gated, batch.run_ats)
                 passed = sum(len(values) for values in batch.by_tag.values())
                 ctx.stats.gated += len(batch.gated) - passed
                 batch.count, batch.gated = passed, None
@@ -89,7 +90,7 @@ class Firing:
             owned = self.ctx.shards[shard]  # a shard dropped has nothing left in the gate
             waiting = released.waiting[shard]
             batch = FireBatch(by_tag, owned.flushed_through_ms, len(waiting), 0, released=waiting,
-                              released_at_ms=released.at_ms)
+                              released_at_ms=released.at_ms, run_ats=[w.run_at_ms for w in waiting])
             self.pending.append((shard, owned.token, batch))
 
     def publish_pending(self) -> bool:
@@ -141,8 +142,14 @@ class Firing:
                                       ctx.clock())
                 except Exception:  # counting must never stop firing
                     log.exception("counting the published messages failed")
+        stats = ctx.stats
+        flushed_at = ctx.clock()
+        fired_by_tag = stats.fired_by_tag
         for shard, token, batch in sending:
-            ctx.stats.fired += batch.count
+            stats.fired += batch.count
+            for tag, values in batch.by_tag.items():
+                fired_by_tag[tag] += len(values)
+            stats.fire_lateness.add_elapsed(flushed_at, batch.run_ats)
             owned = ctx.current(shard, token)
             if owned is not None:
                 owned.flushed(batch)

@@ -33,6 +33,8 @@ class HandoffIntake:
         self._lag_window: tuple[int, int | None] = (0, None)
         """(window start, least lag so far) of the records' stamps."""
         self._skew_logged_ms = 0
+        self.max_lag_ms = 0
+        """The greatest now - stamp of the records read since `take_max_lag`."""
 
     def read(self) -> None:
         """Apply what arrived since the last tick. One bad record is counted and skipped."""
@@ -42,6 +44,7 @@ class HandoffIntake:
         try:
             records = self.reader.poll(10_000, 0)
         except QueueError as exc:
+            ctx.stats.handoff_failures += 1
             log.warning("reading the hand-off log failed: %s", exc, extra={"action": "handoff_read_failed"})
             return
         now = ctx.clock()
@@ -73,12 +76,19 @@ class HandoffIntake:
     def forget(self, shard: int) -> None:
         self.positions.pop(shard, None)
 
+    def take_max_lag(self) -> int:
+        """The greatest lag since the last call (0 if no stamped record came), and start anew."""
+        lag, self.max_lag_ms = self.max_lag_ms, 0
+        return lag
+
     def _note_stamp(self, now: int, stamp_ms: int) -> None:
         """Measure the hand-off writers' clocks against this one: a record stamped ahead of
         now was stamped by a clock that is ahead (counted, logged once a window); the least
         lag over a window is how far behind the writers' clocks are, plus the transit."""
         stats = self.ctx.stats
         lag = now - stamp_ms
+        if lag > self.max_lag_ms:
+            self.max_lag_ms = lag
         if lag < -SKEW_WARN_MS:
             stats.handoff_clock_ahead += 1
             if now - self._skew_logged_ms >= SKEW_WINDOW_MS:

@@ -149,7 +149,8 @@ class Ownership:
         config = ctx.config
         owned = OwnedShard(
             shard=lease.shard, lease=lease, start_ms=start_ms, shard_count=ctx.shard_count,
-            long_types=config.long_types, tick_ms=config.tick_ms, verify_grace_ms=config.verify_grace_ms,
+            long_types=config.long_types, type_labels=ctx.type_labels, tick_ms=config.tick_ms,
+            verify_grace_ms=config.verify_grace_ms,
             second_look_ms=config.second_look_ms, sweep_interval_ms=config.sweep_interval_ms,
             horizon_ms=config.sweep_horizon_ms, inherited=baselines, never_fired=never_fired,
         )

@@ -125,6 +125,7 @@ class Progress:
         try:
             self.reader.commit(positions)
         except QueueError as exc:
+            ctx.stats.handoff_failures += 1
             log.warning("committing hand-off positions failed: %s", exc, extra={"action": "commit_failed"})
             return
         self._committed.update(positions)
@@ -136,6 +137,7 @@ class Progress:
             try:
                 self.reader.commit({shard: position})
             except QueueError as exc:  # the next owner reads a little again: duplicates, never loss
+                self.ctx.stats.handoff_failures += 1
                 log.warning("committing the hand-off position of shard %d failed: %s", shard, exc)
 
     def forget(self, shard: int) -> None:

@@ -94,13 +94,13 @@ class Reading:
                                                        page_size=ctx.config.page_size,
                                                        on_bad_row=partial(self._bad_row, bad)):
                     if len(chunk) >= LOAD_CHUNK and stored.task.run_at_ms != chunk[-1].task.run_at_ms:
-                        rows = rows_from(chunk, token, owned.long_types) + bad
+                        rows = rows_from(chunk, token, owned.long_types, owned.type_labels) + bad
                         after = chunk[-1].task.run_at_ms
                         ctx.post(partial(self._rows_loaded, shard, token, rows, bucket, after))
                         chunk = []
                         bad.clear()  # the same list: the read's `on_bad_row` appends to it
                     chunk.append(stored)
-                rows = rows_from(chunk, token, owned.long_types) + bad
+                rows = rows_from(chunk, token, owned.long_types, owned.type_labels) + bad
                 ctx.post(partial(self._rows_loaded, shard, token, rows, bucket, bucket + BUCKET_MS - 1, read_started))
                 return
             except SchedulerError as exc:
@@ -124,7 +124,7 @@ class Reading:
         bad: list[Row] = []
         stored = list(self.ctx.store.read_partition(owned.partition(minute_bucket(through_ms)), after_ms=after_ms,
                                                     through_ms=through_ms, on_bad_row=partial(self._bad_row, bad)))
-        return rows_from(stored, owned.token, owned.long_types) + bad
+        return rows_from(stored, owned.token, owned.long_types, owned.type_labels) + bad
 
     def _count_slice(self, owned: OwnedShard, k: int, look: bool = False) -> None:
         """Count slice `k` in the store: before it fires (its verify), or after (`look`)."""

@@ -14,16 +14,30 @@ from dataclasses import dataclass, field
 from scheduler.fairness.gate import Waiting
 from scheduler.model import Priority, Task, encode_message
 from scheduler.ports import StoredTask, TaskStatus
+from scheduler.visibility.labels import TypeLabels
 from scheduler.wheel import Entry
 
-__all__ = ["FireBatch", "LONG_TAG", "Row", "SLICE_MS", "Sweep", "rows_from", "should_fire", "slice_end", "slice_of",
-           "tag_for", "topic_tags"]
+__all__ = ["FireBatch", "LONG_TAG", "Row", "SLICE_MS", "Sweep", "priority_of_tag", "rows_from", "should_fire",
+           "slice_end", "slice_of", "tag_for", "topic_tags", "type_slot_of_tag"]
 
 SLICE_MS = 1000
 """Width of the slices counted before and after they fire; divides `BUCKET_MS`."""
 
-LONG_TAG = 3
-"""Wheel tag of the `long` ready topic; priorities use their codes 0, 1, 2."""
+LONG_TAG = 4
+"""The bit of a wheel tag that sends its entry to the `long` ready topic."""
+
+_PRIORITY_BITS = 3
+_TYPE_SHIFT = 3
+
+# A wheel tag is one byte that the entry carries through the wheel and the release gate
+# to the publisher, so that publishing and counting need no decoding of the message:
+#
+#     bits 0-1  the priority code (0 high, 1 normal, 2 low)
+#     bit  2    LONG_TAG: the long topic (a `--long-types` type), else the priority's
+#     bits 3-7  the type's slot in the dispatcher's `TypeLabels` (0: other), for the
+#               fired counters by type
+#
+# e.g. a `normal` task of the first type labelled, not long: 1 | 1 << 3 = 9.
 
 
 @dataclass(frozen=True)
@@ -44,8 +58,21 @@ def slice_end(k: int) -> int:
     return k * SLICE_MS + SLICE_MS - 1
 
 
-def tag_for(task: Task, long_types: frozenset[str]) -> int:
-    return LONG_TAG if task.type in long_types else task.priority.code
+def tag_for(task: Task, long_types: frozenset[str], types: TypeLabels | None = None) -> int:
+    tag = task.priority.code
+    if task.type in long_types:
+        tag |= LONG_TAG
+    if types is not None:
+        tag |= types.slot(task.type) << _TYPE_SHIFT
+    return tag
+
+
+def priority_of_tag(tag: int) -> Priority:
+    return Priority.from_code(tag & _PRIORITY_BITS)
+
+
+def type_slot_of_tag(tag: int) -> int:
+    return tag >> _TYPE_SHIFT
 
 
 def should_fire(stored: StoredTask) -> bool:
@@ -71,12 +98,13 @@ class Row:
     """For a row that could not be read: its dead letter (`message` is then None)."""
 
 
-def rows_from(stored: Iterable[StoredTask], token: int, long_types: frozenset[str]) -> list[Row]:
+def rows_from(stored: Iterable[StoredTask], token: int, long_types: frozenset[str],
+              types: TypeLabels | None = None) -> list[Row]:
     rows = []
     for item in stored:
         task = item.task
         message = encode_message(task, token) if should_fire(item) else None
-        rows.append(Row(task.run_at_ms, task.id.bytes, tag_for(task, long_types), message))
+        rows.append(Row(task.run_at_ms, task.id.bytes, tag_for(task, long_types, types), message))
     return rows
 
 
@@ -99,9 +127,14 @@ class FireBatch:
     """The earliest run_at in the batch: the cursor stays below it until it is acknowledged."""
     dead_letters: list[bytes] = field(default_factory=list)
     """Dead letters of rows that could not be read, for the dead-letter topic."""
+    run_ats: list[int] = field(default_factory=list)
+    """The run_at of every task in `by_tag`, for the fire lateness once it is flushed."""
 
 
 def topic_tags(topics: dict[str, str]) -> dict[int, str]:
-    """Wheel tag -> ready topic name, from `{short name: topic}` for high, normal, low, long."""
-    return {Priority.HIGH.code: topics["high"], Priority.NORMAL.code: topics["normal"],
-            Priority.LOW.code: topics["low"], LONG_TAG: topics["long"]}
+    """Wheel tag -> ready topic name, for every tag `tag_for` can make, from `{short name:
+    topic}` for high, normal, low, long."""
+    by_code = {Priority.HIGH.code: topics["high"], Priority.NORMAL.code: topics["normal"],
+               Priority.LOW.code: topics["low"]}
+    return {tag: topics["long"] if tag & LONG_TAG else by_code[tag & _PRIORITY_BITS]
+            for tag in range(256) if tag & _PRIORITY_BITS in by_code}

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scheduler.dispatcher.config import LIMITS_ATTEMPTS, Clock, DispatcherConfig, Stats, wall_clock_ms
+from scheduler.dispatcher.config import LIMITS_ATTEMPTS, Clock, DispatcherConfig, Gauges, Stats, wall_clock_ms
 from scheduler.dispatcher.context import DispatcherContext
 from scheduler.dispatcher.firing import Firing
 from scheduler.dispatcher.handoffs import HandoffIntake
@@ -104,6 +104,7 @@ class Dispatcher:
             if schedule_runner is not None:
                 schedule_runner.client.events = self.visible.events  # the runs it creates are submitted
         self._last_stats_ms = 0
+        self._last_gauges_ms = 0
 
     @property
     def stats(self) -> Stats:
@@ -186,7 +187,8 @@ class Dispatcher:
         self.intake.read()
         if firing.pending and (now < firing.retry_at_ms or not firing.publish_pending()):
             firing.check_give_up(now)
-            self._write_stats(now)  # an outage shows in the stats file while it lasts
+            self._take_gauges(now)
+            self._write_stats(now)  # an outage shows in the stats file and the metrics while it lasts
             return
         polled = firing.fire(now)
         if not firing.pending:
@@ -198,9 +200,25 @@ class Dispatcher:
         if self.schedules is not None:
             self.schedules.run_due(now)
         self.progress.commit(now)
-        if self.visible is not None:
-            self.visible.look(now)
+        self._take_gauges(now)
         self._write_stats(now)
+
+    def _take_gauges(self, now: int) -> None:
+        """Replace `ctx.gauges`, about once every `gauges_interval_ms` (the metrics read it)."""
+        if now - self._last_gauges_ms < self.config.gauges_interval_ms:
+            return
+        self._last_gauges_ms = now
+        shards = self.ctx.shards.values()
+        self.ctx.gauges = Gauges(
+            at_ms=now,
+            shards_held=len(shards),
+            cursor_lag_max_ms=now - min(owned.persisted_ms for owned in shards) if shards else None,
+            wheel_tasks=sum(len(owned.wheel) for owned in shards),
+            wheel_bytes=sum(owned.wheel.nbytes for owned in shards),
+            gate_waiting=self.gate.waiting,
+            unacknowledged_batches=len(self.firing.pending),
+            handoff_lag_max_ms=self.intake.take_max_lag(),
+        )
 
     def _write_stats(self, now: int) -> None:
         path = self.config.stats_path
@@ -227,7 +245,7 @@ class Dispatcher:
             "seen_bytes": sum(owned.seen.nbytes for owned in shards.values()),
             "gate_waiting": self.gate.waiting,
             "tenants": self.gate.snapshot(),
-            "stats": self.ctx.stats.__dict__,
+            "stats": self.ctx.stats.document(),
         }
 
     def _shutdown(self) -> None:

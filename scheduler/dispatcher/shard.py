@@ -86,6 +86,7 @@ from scheduler.dispatcher.rows import SLICE_MS, FireBatch, Row, Sweep, slice_end
 from scheduler.dispatcher.seen import Key, SeenRecord, pack
 from scheduler.model import BUCKET_MS, MESSAGE_ID_SLICE, Partition, Task, encode_message, minute_bucket
 from scheduler.ports import Lease
+from scheduler.visibility.labels import TypeLabels
 from scheduler.wheel import Entry, TimingWheel
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,8 @@ class OwnedShard:
     as `inherited` counts it."""
     shard_count: int
     long_types: frozenset[str] = frozenset()
+    type_labels: TypeLabels | None = None
+    """The dispatcher's labelled task types, whose slots go into the wheel tags."""
     tick_ms: int = 100
     verify_grace_ms: int = 1000
     max_loading_buckets: int = 2
@@ -442,7 +445,7 @@ class OwnedShard:
         if task.run_at_ms > self.start_ms and minute_bucket(task.run_at_ms) not in self.requested_buckets \
                 and task.run_at_ms > self.loaded_through_ms:
             return False
-        self._add(task.run_at_ms, tag_for(task, self.long_types), encode_message(task, self.token))
+        self._add(task.run_at_ms, tag_for(task, self.long_types, self.type_labels), encode_message(task, self.token))
         return True
 
     def handed_cancel(self, task_id: bytes, run_at_ms: int) -> None:
@@ -573,6 +576,8 @@ class OwnedShard:
         polled: set[bytes] = set()
         kept: list[Entry] | None = [] if gated else None
         floor: int | None = None
+        run_ats: list[int] = []
+        fired_at = run_ats.append
         for run_at, tag, item in entries:
             task_id = item[MESSAGE_ID_SLICE]
             packed = run_at.to_bytes(8, "big") + task_id
@@ -593,6 +598,7 @@ class OwnedShard:
             if kept is not None:
                 kept.append((run_at, tag, item))
                 continue
+            fired_at(run_at)
             values = by_tag.get(tag)
             if values is None:
                 values = by_tag[tag] = []
@@ -611,7 +617,7 @@ class OwnedShard:
             self.unacked[floor] = self.unacked.get(floor, 0) + 1
         count = len(entries) - skipped - duplicates
         return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates, kept, floor_ms=floor,
-                         dead_letters=letters)
+                         dead_letters=letters, run_ats=run_ats)
 
     def fire_limit(self, now_ms: int) -> int:
         """How far the wheel may fire at `now_ms`: up to the first slice that is neither

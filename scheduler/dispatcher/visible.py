@@ -3,8 +3,9 @@ type and first attempt or retry, measures how late it publishes, reports its sha
 wheel, and, while it holds shard 0, folds past hours of counts into the snapshot.
 
 The fire loop calls `published` once per successful flush with the batches the queue
-acknowledged (`Firing.publish_pending`): counting is then ~0.5 µs a message
+acknowledged (`Firing.publish_pending`): counting is then ~0.3 µs a message
 (`scheduler.visibility.tally`), and nothing is counted that the queue did not take. The
+fire lateness is the one the dispatcher keeps for its metrics (`Stats.fire_lateness`). The
 rest runs on the count writer's thread (`scheduler.visibility.writer`).
 """
 
@@ -21,8 +22,7 @@ from scheduler.fairness.gate import ReleaseGate
 from scheduler.ports import CountStore
 from scheduler.visibility.counts import EventCounter
 from scheduler.visibility.fold import fold_hours
-from scheduler.visibility.histogram import LatencyHistogram
-from scheduler.visibility.tally import decode_tally, tally_published
+from scheduler.visibility.tally import decode_tally, group_key
 from scheduler.visibility.writer import DEFAULT_INTERVAL_S, CountWriter, Gauges, new_writer_id
 
 log = logging.getLogger(__name__)
@@ -39,17 +39,13 @@ class DispatcherVisibility:
         self.ctx = ctx
         self.gate = gate
         self.store = store
-        self.fire_lateness = LatencyHistogram()
-        """now - run_at of every first attempt published (the fire loop adds; others read)."""
         self.writer = CountWriter(store, "dispatcher", writer=new_writer_id(f"dispatcher-{ctx.config.member}"),
-                                  gauges=self._gauges, lateness={"fire": lambda: self.fire_lateness},
+                                  gauges=self._gauges, lateness={"fire": lambda: ctx.stats.fire_lateness},
                                   interval_s=interval_s, clock_ms=ctx.clock, before_write=self._collect,
                                   after_write=self._fold)
         self._keys: Counter[bytes] = Counter()
         self._keys_lock = threading.Lock()
         self._last_fold_ms = 0
-        self._looked_ms = 0
-        self._detail: dict[str, object] = {"member": ctx.config.member, "shards": 0}
 
     @property
     def events(self) -> EventCounter:
@@ -65,7 +61,7 @@ class DispatcherVisibility:
         """On the fire loop: the queue acknowledged these messages."""
         keys: Counter[bytes] = Counter()
         for messages in batches:
-            tally_published(messages, now_ms, keys, self.fire_lateness)
+            keys.update(map(group_key, messages))
         with self._keys_lock:
             self._keys.update(keys)
 
@@ -78,25 +74,19 @@ class DispatcherVisibility:
         self.writer.counter.add_many("fired", first)
         self.writer.counter.add_many("refired", retries)
 
-    def look(self, now_ms: int) -> None:
-        """On the fire loop, which owns the shards: take the figures the next report
-        carries (at most once per write interval; a wheel's byte count walks its slots)."""
-        if now_ms - self._looked_ms < self.writer.interval_s * 1000:
-            return
-        self._looked_ms = now_ms
-        shards = self.ctx.shards
-        self._detail = {
-            "member": self.ctx.config.member,
-            "shards": len(shards),
-            "wheel_tasks": sum(len(owned.wheel) for owned in shards.values()),
-            "wheel_bytes": sum(owned.wheel.nbytes for owned in shards.values()),
-            "gate_waiting": self.gate.waiting,
-            "session": self.ctx.session.value,
-        }
-
     def _gauges(self) -> Gauges:
-        """On the writer's thread: what the fire loop last took (`look`)."""
-        return Gauges(detail=self._detail)
+        """On the writer's thread: what the fire loop last took (`ctx.gauges`, replaced
+        whole every `gauges_interval_ms`; only the fire loop may read the wheels)."""
+        taken = self.ctx.gauges
+        return Gauges(detail={
+            "member": self.ctx.config.member,
+            "shards": taken.shards_held,
+            "wheel_tasks": taken.wheel_tasks,
+            "wheel_bytes": taken.wheel_bytes,
+            "gate_waiting": taken.gate_waiting,
+            "cursor_lag_max_ms": taken.cursor_lag_max_ms,
+            "session": self.ctx.session.value,
+        })
 
     def _fold(self, now_ms: int) -> None:
         if FOLD_SHARD not in self.ctx.shards or now_ms - self._last_fold_ms < FOLD_EVERY_MS:

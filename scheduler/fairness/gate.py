@@ -226,11 +226,14 @@ class ReleaseGate:
 
     # Admission.
 
-    def admit(self, shard: int, entries: Iterable[tuple[int, int, bytes]]) -> dict[int, list[bytes]]:
+    def admit(self, shard: int, entries: Iterable[tuple[int, int, bytes]],
+              through_run_ats: list[int] | None = None) -> dict[int, list[bytes]]:
         """Take the due entries `(run_at, tag, message)` of a shard; returns, by tag, those
-        that need no gate (their tenant has no limit and there is no global rate)."""
+        that need no gate (their tenant has no limit and there is no global rate), and
+        appends their run_ats to `through_run_ats` if given."""
         limits = self.limits
         through: dict[int, list[bytes]] = {}
+        passed = through_run_ats.append if through_run_ats is not None else None
         unsettled = self._unsettled.setdefault(shard, Counter())
         run_ats = self._run_ats.setdefault(shard, [])
         for run_at, tag, item in entries:
@@ -238,11 +241,15 @@ class ReleaseGate:
                 tenant_name, priority, cost = peek_release_fields(item)
             except InvalidMessage:  # a worker dead-letters it; the gate has nothing to weigh
                 through.setdefault(tag, []).append(item)
+                if passed is not None:
+                    passed(run_at)
                 continue
             if limits.global_rate is None:
                 own = limits.of(tenant_name)
                 if own.cap is None and own.rate is None:
                     through.setdefault(tag, []).append(item)
+                    if passed is not None:
+                        passed(run_at)
                     continue
             tenant = self._tenants.get(tenant_name)
             if tenant is None:

@@ -59,6 +59,14 @@ class Consumer(Protocol):
         """The partitions this member holds now."""
         ...
 
+    def lag(self) -> dict[TopicPartition, int]:
+        """For each partition held, the messages after this member's fetch position: what
+        the queue holds that this member has not received yet (what it received and has
+        not finished is the caller's to count). Must be cheap enough to call every few
+        seconds: it answers from what the client already knows where it can, so a
+        partition it cannot tell about yet is left out, and a paused one may read low."""
+        ...
+
     def commit(self, positions: Mapping[TopicPartition, int]) -> None:
         """Record, for each partition, the offset of the next message to deliver
         (synchronously). Positions of partitions not assigned to this member are dropped.

@@ -47,6 +47,29 @@ class LatencyHistogram:
             total += value
         self.sum_ms += total
 
+    def add_elapsed(self, now_ms: int, since_ms: list[int]) -> None:
+        """Add `now_ms - t` for every `t` of `since_ms`: what `add_many` of those values
+        adds, for a batch that shares one `now_ms` (a flush, a start). It sorts `since_ms`
+        in place (a fired batch comes nearly sorted, so this is about linear) and then
+        takes one bisection per bucket bound rather than one per value: the per-value
+        work is the sort and the sum, both in C, which is what a dispatcher firing
+        100,000 tasks a second can afford. A value at or below `BOUNDS_MS[i]` has
+        `t >= now_ms - BOUNDS_MS[i]`; negative values (a `t` after `now_ms`) count as 0."""
+        times = since_ms
+        n = len(times)
+        if not n:
+            return
+        times.sort()
+        counts = self.counts
+        below = 0
+        for i, bound in enumerate(BOUNDS_MS):
+            at_or_below = n - bisect_left(times, now_ms - bound)
+            counts[i] += at_or_below - below
+            below = at_or_below
+        counts[-1] += n - below
+        past = bisect_left(times, now_ms)  # the times before now_ms: the positive values
+        self.sum_ms += past * now_ms - sum(times[:past])
+
     def merge(self, other: LatencyHistogram) -> None:
         for i, n in enumerate(other.counts):
             self.counts[i] += n

@@ -17,7 +17,6 @@ import msgpack
 
 from scheduler.model import MESSAGE_ID_SLICE
 from scheduler.visibility.counts import Pair
-from scheduler.visibility.histogram import LatencyHistogram
 
 _TENANT_AT = MESSAGE_ID_SLICE.stop
 _INT_SIZES = {0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
@@ -94,20 +93,3 @@ def decode_tally(keys: Counter[bytes]) -> tuple[dict[Pair, int], dict[Pair, int]
         into[(tenant, type_)] = into.get((tenant, type_), 0) + n
     return first, retries
 
-
-_RUN_AT = slice(MESSAGE_ID_SLICE.start, MESSAGE_ID_SLICE.start + 6)
-"""The id's first 48 bits: the run_at it was made for, in ms (`TaskId`)."""
-
-
-def tally_published(messages: Iterable[bytes], now_ms: int, keys: Counter[bytes],
-                    lateness: LatencyHistogram) -> None:
-    """Add published messages to `keys` (as `tally`) and, for first attempts, now -
-    run_at to `lateness` (a retry's run_at is its backoff's end, which its message
-    carries as a delta; retries are left out of the fire lateness)."""
-    late: list[int] = []
-    for item in messages:
-        key = group_key(item)
-        keys[key] += 1
-        if key[-1:] == FIRST:
-            late.append(now_ms - int.from_bytes(item[_RUN_AT], "big"))
-    lateness.add_many(late)

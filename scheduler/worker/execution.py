@@ -47,7 +47,7 @@ from scheduler.worker.app import Handler
 from scheduler.worker.context import CLAIM_S, Context
 from scheduler.worker.job import Job
 from scheduler.worker.settle import Plan, running_report
-from scheduler.worker.stats import WorkerStats
+from scheduler.worker.stats import WorkerStats, wall_clock_ms
 from scheduler.worker.visible import WorkerVisibility
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
@@ -77,8 +77,10 @@ class Finished:
 class Execution:
     def __init__(self, stats: WorkerStats, *, concurrency: int, member: str, ledger: EffectLedger | None,
                  settle: Callable[[Plan], None], stop: threading.Event,
-                 on_started: Callable[[Job], None] | None = None) -> None:
+                 on_started: Callable[[Job], None] | None = None,
+                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
         self._stats = stats
+        self._clock_ms = clock_ms
         self.concurrency = concurrency
         self._ledger = ledger
         self._settle = settle
@@ -118,7 +120,8 @@ class Execution:
     def launch(self, jobs: list[Job]) -> None:
         """Take a slot and start the jobs in it: a chunk of plain jobs, or one job."""
         now = time.monotonic()
-        wall = time.time_ns() // 1_000_000
+        wall = self._clock_ms()
+        self._stats.start_lateness.add_elapsed(wall, [job.message.task.run_at_ms for job in jobs])
         calls = []
         for job in jobs:
             task = job.message.task

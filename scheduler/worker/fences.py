@@ -67,6 +67,7 @@ class Fences:
             try:
                 token = self._store.read_shard(shard).lease_token
             except SchedulerError:
+                self._stats.fence_read_failures += 1
                 return
             if token is not None and token > self._tokens.get(shard, -1):
                 self._tokens[shard] = token

@@ -298,12 +298,16 @@ class Intake:
         if home is None:
             return False
         attempt = task.attempt
+        stats = self._stats
         if home.status is TaskStatus.CANCELLED:
-            self._stats.skipped_cancelled += 1
+            stats.skipped_cancelled += 1
+            stats.count("skipped_cancelled", task)
         elif home.status.finished:
-            self._stats.skipped_finished += 1
+            stats.skipped_finished += 1
+            stats.count("skipped_finished", task)
         elif home.status_attempt > attempt or (home.status_attempt == attempt and home.status is TaskStatus.FAILED):
-            self._stats.skipped_superseded += 1
+            stats.skipped_superseded += 1
+            stats.count("skipped_superseded", task)
         else:
             return False
         if self.visible is not None:

@@ -66,6 +66,7 @@ class Outcomes:
         delivery = job.delivery
         if error is None:
             self._stats.done += 1
+            self._stats.count("done", task)
             if self.visible is not None:
                 self.visible.ended("done", task)
             self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE,
@@ -87,6 +88,7 @@ class Outcomes:
             # and it can never end the task `dead` while the other copy ends it `done`.
             wait_s = max(1.0, backoff_s(task.attempt, policy))
             self._stats.deferred += 1
+            self._stats.count("deferred", task)
             if self.visible is not None:
                 self.visible.skipped(task, cancelled=False)  # its copy is fired again, as a new message
             self._submit(Plan(delivery, retry=replace(task, run_at_ms=self._clock_ms() + int(wait_s * 1000))))
@@ -97,6 +99,7 @@ class Outcomes:
         delay_s = retry_delay_s(error, task.attempt, policy)
         retry = replace(task, attempt=task.attempt + 1, run_at_ms=self._clock_ms() + int(delay_s * 1000))
         self._stats.retried += 1
+        self._stats.count("retried", task)
         if self.visible is not None:
             self.visible.ended("retried", task)
         self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.FAILED, text,
@@ -109,6 +112,7 @@ class Outcomes:
         it never started)."""
         self._stats.dead += 1
         task = None if message is None else message.task
+        self._stats.count("dead", task)
         if task is not None and self.visible is not None:
             self.visible.ended("dead", task)
         task_id = task.id if task is not None else _id_of(delivery.value)

@@ -69,7 +69,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.errors import SchedulerError
 from scheduler.ports import Consumer, CountStore, EffectLedger, Handoff, Publisher, TaskStore, TopicPartition
+from scheduler.visibility.labels import TypeLabels
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.commits import Commits
@@ -80,7 +82,7 @@ from scheduler.worker.intake import Intake
 from scheduler.worker.job import Job
 from scheduler.worker.outcomes import Outcomes
 from scheduler.worker.serving import DEFAULT_WEIGHTS
-from scheduler.worker.settle import Settler
+from scheduler.worker.settle import Settler, SettlerStats
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
 from scheduler.worker.visible import WorkerVisibility
 
@@ -113,6 +115,8 @@ class WorkerConfig:
     """Which messages are checked against their home rows before running: `always`,
     `never`, or `suspect` (see `CHECKS`)."""
     suspect_window_s: float = 30.0
+    lag_interval_s: float = 2.0
+    """How often the main loop asks the consumer for its lag (`WorkerStats.consumer_lag`)."""
 
 
 class Worker:
@@ -136,13 +140,15 @@ class Worker:
             raise ValueError(f"concurrency must be at least 1, got {config.concurrency}")
         self.app = app
         self.config = config
-        self.stats = WorkerStats(served=dict.fromkeys(config.topics, 0))
+        self.stats = WorkerStats(served=dict.fromkeys(config.topics, 0), types=TypeLabels(fixed=app.types()))
         self._consumer_factory = consumer_factory
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
         self._stopped = threading.Event()
         self.abandoned = 0
         """Handlers still running when `run` returned (past the drain timeout)."""
+        self._lag_read_at = 0.0
+        self._short_names = {topic: name for name, topic in config.topics.items()}
         self.cancel_watch = CancelWatch(store)
         self._commits = Commits(self.stats, interval_s=config.commit_interval_s)
         self._settler = Settler(
@@ -159,9 +165,11 @@ class Worker:
             buffer_per_topic=config.buffer_per_topic, max_outstanding=config.max_outstanding,
         )
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
-                                    settle=self._settler.submit, stop=self._stop, on_started=on_started)
+                                    settle=self._settler.submit, stop=self._stop, on_started=on_started,
+                                    clock_ms=clock_ms)
         self.visible = None if counts is None else WorkerVisibility(
-            counts, config.member, running=lambda: self._execution.running, detail=self._detail)
+            counts, config.member, running=lambda: self._execution.running, start_lateness=self.stats.start_lateness,
+            detail=self._detail)
         self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.
@@ -173,8 +181,20 @@ class Worker:
     def wait_stopped(self, timeout_s: float) -> bool:
         return self._stopped.wait(timeout_s)
 
+    @property
+    def settler_stats(self) -> SettlerStats:
+        return self._settler.stats
+
+    def running(self) -> int:
+        """Attempts running now (from any thread: a moment old at worst)."""
+        return len(self._execution.running)
+
+    def buffered_by_topic(self) -> dict[str, int]:
+        """Jobs waiting for a slot, by topic short name (from any thread, as `running`)."""
+        return self._intake.buffered_by_topic()
+
     def snapshot(self) -> dict[str, Any]:
-        stats = {k: v for k, v in vars(self.stats).items()}
+        stats = self.stats.document()
         stats["settler"] = dict(vars(self._settler.stats))
         stats["running"] = len(self._execution.running)
         stats["zombies"] = self._execution.zombies
@@ -244,6 +264,26 @@ class Worker:
         intake.flow_control(consumer)
         self._commits.maybe_commit(consumer)
         self._fences.maybe_refresh()
+        self._read_lag(consumer)
+
+    def _read_lag(self, consumer: Consumer) -> None:
+        """Every `lag_interval_s`: the consumer's lag, summed by topic, into the stats."""
+        now = time.monotonic()
+        if now - self._lag_read_at < self.config.lag_interval_s:
+            return
+        self._lag_read_at = now
+        try:
+            by_partition = consumer.lag()
+        except SchedulerError as exc:
+            self.stats.lag_failures += 1
+            log.debug("reading the consumer's lag failed: %s", exc)
+            return
+        lag = dict.fromkeys(self.config.topics, 0)
+        for (topic, _partition), behind in by_partition.items():
+            name = self._short_names.get(topic)
+            if name is not None:
+                lag[name] += behind
+        self.stats.consumer_lag = lag
 
     def _start_ready(self) -> None:
         """Start buffered jobs while slots are free, in weighted order (`Intake.next_chunk`).

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.errors import SchedulerError
+from scheduler.errors import QueueError, SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Task
 from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore
 
@@ -57,6 +57,9 @@ class SettlerStats:
     retries_handed_off: int = 0
     dead_letters: int = 0
     write_failures: int = 0
+    queue_failures: int = 0
+    """The part of `write_failures` that the queue refused (a dead letter's publish, a
+    retry's hand-off); the rest were the store's."""
     completions_sent: int = 0
     completion_failures: int = 0
     last_error: str | None = field(default=None)
@@ -147,6 +150,8 @@ class Settler:
                 completed = self._write(batch)
             except SchedulerError as exc:
                 self.stats.write_failures += 1
+                if isinstance(exc, QueueError):
+                    self.stats.queue_failures += 1
                 self.stats.last_error = str(exc)
                 if self._stopping.is_set() and time.monotonic() > self._deadline:
                     log.error("stopping with %d outcomes not durable (they will be delivered again): %s",

@@ -26,10 +26,11 @@ def wall_ms() -> int:
 
 class WorkerVisibility:
     def __init__(self, store: CountStore, member: str, *, running: Callable[[], Collection[Job]],
-                 detail: Callable[[], dict[str, object]] | None = None,
+                 start_lateness: LatencyHistogram, detail: Callable[[], dict[str, object]] | None = None,
                  interval_s: float = DEFAULT_INTERVAL_S, clock_ms: Callable[[], int] = wall_ms) -> None:
-        self.start_lateness = LatencyHistogram()
-        """start - run_at of every attempt started (the main loop adds; the writer reads)."""
+        """`start_lateness`: the worker's own (`WorkerStats.start_lateness`), which the
+        execution adds each launch to."""
+        self.start_lateness = start_lateness
         self._running = running
         self._detail = detail
         self._clock = clock_ms
@@ -45,11 +46,9 @@ class WorkerVisibility:
         self.writer.stop()
 
     def started(self, jobs: Sequence[Job]) -> None:
-        now = self._clock()
         for job in jobs:
             task = job.message.task
             self.events.add("started", task.tenant, task.type)
-            self.start_lateness.add(now - task.run_at_ms)
 
     def ended(self, event: str, task: Task) -> None:
         """`done`, `retried` or `dead`."""

@@ -52,7 +52,7 @@ def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     assert shown.returncode == 0, shown.stderr
     for option in ("--tasks", "--spread-s", "--dispatchers", "--payload-bytes", "--tenants", "--lead-s", "--out",
                    "--keep", "--reader", "--scenario", "--event-at-s", "--pause-s", "--plot", "--workers",
-                   "--no-align", "--backend", "--global-rate", "--board-tasks", "--board-cost",
+                   "--no-align", "--backend", "--global-rate", "--board-tasks", "--board-cost", "--metrics",
                    "--weight-tasks", "--college-tasks", "--college-at-s"):
         assert option in shown.stdout
     text = " ".join(shown.stdout.split())  # argparse wraps the help to the terminal's width
@@ -149,10 +149,14 @@ def test_a_tiny_pause_on_the_embedded_backend_loses_nothing_and_the_paused_dispa
     out = tmp_path / "pause.json"
     code, stdout, stderr = run_bench(dict(os.environ), "--backend", "embedded", "--scenario", "pause", "--tasks",
                                      str(TASKS), "--spread-s", "20", "--lead-s", "10", "--no-align",
-                                     "--ceiling-messages", "10000", "--out", str(out))
+                                     "--ceiling-messages", "10000", "--metrics", "--out", str(out))
     assert code == 0, stderr
     assert "nine o'clock (pause, embedded backend): 2,000 tasks due over 20 s" in stdout
     document = json.loads(out.read_text())
+    metrics = document["metrics"]  # --metrics: both dispatchers scraped every second, the paused one too
+    assert metrics["endpoints"] == 2 and metrics["scrapes"] >= 20
+    fired = metrics["said"]["dispatcher_tasks_fired_total"]
+    assert TASKS <= fired <= document["delivery"]["messages"]  # a batch published again after a failed flush counts once
     assert document["scenario"] == "pause" and document["failures"] == []
     assert document["deployment"]["backend"] == "embedded" and document["kafka_ceiling"] is None
     assert document["ceiling"]["kind"] == "sqlite_queue_insert" and document["ceiling"]["msgs_per_s"] > 0

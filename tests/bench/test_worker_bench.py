@@ -55,7 +55,8 @@ def check_throughput_document(document: dict[str, Any]) -> None:
 def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     shown = subprocess.run([sys.executable, str(THROUGHPUT), "--help"], capture_output=True, text=True, timeout=50)
     assert shown.returncode == 0, shown.stderr
-    for option in ("--backend", "--tasks", "--concurrency", "--processes", "--out", "--json", "--keep", "--py-spy"):
+    for option in ("--backend", "--tasks", "--concurrency", "--processes", "--out", "--json", "--keep", "--py-spy",
+                   "--metrics"):
         assert option in shown.stdout
     refused = subprocess.run([sys.executable, str(THROUGHPUT), "--processes", "9"], capture_output=True, text=True,
                              timeout=50)
@@ -75,12 +76,16 @@ def test_an_unreachable_cassandra_fails_the_bench_with_its_own_code() -> None:
 def test_the_embedded_bench_handles_every_task_once_and_marks_it_done(tmp_path: Path) -> None:
     out = tmp_path / "worker.json"
     code, stdout, stderr = run_bench(THROUGHPUT, "--backend", "embedded", "--tasks", str(TASKS), "--concurrency",
-                                     "32", "--ceiling-tasks", "1000", "--out", str(out))
+                                     "32", "--ceiling-tasks", "1000", "--metrics", "--out", str(out))
     assert code == 0, stderr
     assert "worker throughput: 2,000 no-op tasks, 1 worker process(es) x concurrency 32, backend embedded" in stdout
     document = json.loads(out.read_text())
     check_throughput_document(document)
     assert not Path(document["deployment"]["db"]).exists()
+    metrics = document["metrics"]  # --metrics: the worker was scraped every second, and counted every task
+    assert metrics["endpoints"] == 1 and metrics["scrapes"] >= 1 and metrics["failures"] == 0
+    assert metrics["said"]["worker_tasks_handled_total"] == TASKS
+    assert metrics["lateness_ms"]["worker_start_lateness_seconds"]["count"] == TASKS
 
 
 @pytest.mark.integration

@@ -261,6 +261,27 @@ def test_one_member_reads_every_partition_once_in_offset_order(backend: Backend)
     assert all(d.topic == topic and abs(d.timestamp_ms - time.time() * 1000) < 60_000 for d in member.got)
 
 
+def test_lag_is_what_the_member_has_not_received_yet_of_each_partition_it_holds(backend: Backend) -> None:
+    topic = backend.topic(2)
+    backend.publish(topic, 0, values("p0", 30))
+    backend.publish(topic, 1, values("p1", 5))
+    member = backend.member(unique_name("g"), [topic])
+    until(lambda: len(member.got) >= 10, member, what="a first batch")
+    member.c.pause([topic])  # nothing more is received: the lag must settle on what is left
+    quiet(member)
+
+    def settled() -> bool:
+        lag = member.c.lag()
+        received = by_partition(member.got)
+        return all(lag.get((topic, p)) == total - len(received.get((topic, p), []))
+                   for p, total in ((0, 30), (1, 5)))
+
+    until(settled, member, what=f"the lag of what was not received ({member.c.lag()})")
+    member.c.resume([topic])
+    until(lambda: len(member.got) >= 35, member, what="everything")
+    until(lambda: member.c.lag() == {(topic, 0): 0, (topic, 1): 0}, member, what="no lag left")
+
+
 def test_a_new_member_starts_after_the_committed_positions(backend: Backend) -> None:
     topic, group = backend.topic(3), unique_name("g")
     for partition in range(3):

@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -248,3 +251,41 @@ def test_a_keyed_submit_due_long_ago_is_accepted_since_the_command_hands_it_off(
                                       "--db", str(tmp_path / "tasks.db")])
     assert result.exit_code == 0, result.output
     assert TaskId.parse(result.output.strip()).run_at_ms < time.time() * 1000 - 3_600_000
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield (*path, name), command
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    undocumented = [f"scheduler {' '.join(path)} {option.opts[0]}" for path, command in _commands(cli)
+                    for option in command.params
+                    if isinstance(option, click.Option) and not option.hidden and not option.help]
+    assert undocumented == []
+
+
+@pytest.mark.parametrize("command", ["dispatcher", "worker"])
+def test_the_processes_document_their_metrics_endpoint_in_help_and_readme(command: str) -> None:
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    for shown in ("--metrics-port", "SCHEDULER_METRICS_PORT", "--metrics-host", "SCHEDULER_METRICS_HOST"):
+        assert shown in result.output
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith(f"| `scheduler {command} "))
+    assert "--metrics-port" in row and "--metrics-host" in row
+
+
+@pytest.mark.parametrize("command", [["dispatcher"], ["worker", "--app", "tests.worker.apps:app"]])
+def test_a_metrics_port_in_use_is_a_usage_error_before_anything_is_opened(command: list[str], tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli(*command, "--metrics-port", str(port), env=embedded_env(tmp_path))
+    assert result.returncode == Exit.USAGE, result.stderr
+    assert f"--metrics-port {port}: the port is already in use on 127.0.0.1" in result.stderr
+    assert not (tmp_path / "tasks.db").exists()  # nothing was opened, let alone joined

@@ -10,6 +10,7 @@ import pytest
 
 from scheduler import handoff
 from scheduler.dispatcher.passes import LimitsPass
+from scheduler.dispatcher.rows import topic_tags
 from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.fairness.limits import Limits, TenantLimits
@@ -88,7 +89,7 @@ class Rig:
         self.dispatcher = Dispatcher(
             DispatcherConfig(member="a", advance_interval_ms=0, commit_interval_ms=0), store=self.store,  # type: ignore[arg-type]
             coordinator=Coordinator(), publisher=self.publisher, handoff_reader=self.reader,  # type: ignore[arg-type]
-            topics={0: "high", 1: "normal", 2: "low", 3: "long"}, clock=lambda: self.now)
+            topics=topic_tags({name: name for name in ("high", "normal", "low", "long")}), clock=lambda: self.now)
         inline = lambda job, *args: job(*args)  # noqa: E731  (jobs run at once, in order)
         self.dispatcher.ctx.readers.submit = self.dispatcher.ctx.writers.submit = inline  # type: ignore[method-assign,assignment]
         self.dispatcher.ctx.lookers.submit = inline  # type: ignore[method-assign,assignment]

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from scheduler.dispatcher.rows import SLICE_MS, Row, Sweep, rows_from, should_fire, tag_for
+from scheduler.dispatcher.rows import (
+    SLICE_MS,
+    Row,
+    Sweep,
+    priority_of_tag,
+    rows_from,
+    should_fire,
+    tag_for,
+    topic_tags,
+    type_slot_of_tag,
+)
 from scheduler.dispatcher.shard import OwnedShard
 from scheduler.model import BUCKET_MS, Priority, Task, decode_message
 from scheduler.ports import Lease, StoredTask, TaskStatus
+from scheduler.visibility.labels import TypeLabels
 from tests.tasks import NINE_OCLOCK_MS, make_task
 
 T0 = NINE_OCLOCK_MS
@@ -172,11 +183,27 @@ def test_rows_reported_on_or_finished_do_not_fire_but_count_as_seen() -> None:
     assert added == 1 and len(state.slice_keys(T0 // SLICE_MS)) == 2
 
 
-def test_long_task_types_go_to_the_long_tag_and_others_by_priority() -> None:
+def test_long_task_types_go_to_the_long_topic_and_others_by_priority() -> None:
     long_types = frozenset({"report"})
-    assert tag_for(make_task(type="report", priority=Priority.HIGH), long_types) == 3
-    assert tag_for(make_task(priority=Priority.HIGH), long_types) == Priority.HIGH.code
-    assert tag_for(make_task(priority=Priority.LOW), long_types) == Priority.LOW.code
+    topics = topic_tags({name: f"ready.{name}" for name in ("high", "normal", "low", "long")})
+    assert topics[tag_for(make_task(type="report", priority=Priority.HIGH), long_types)] == "ready.long"
+    assert topics[tag_for(make_task(priority=Priority.HIGH), long_types)] == "ready.high"
+    assert topics[tag_for(make_task(priority=Priority.LOW), long_types)] == "ready.low"
+    assert tag_for(make_task(priority=Priority.HIGH), long_types) == Priority.HIGH.code  # no labels: no type bits
+
+
+def test_a_tag_carries_the_priority_and_the_type_s_label_slot_whatever_the_topic() -> None:
+    """The fired counters read priority and type from the tag: nothing is decoded per task."""
+    labels = TypeLabels(2)
+    topics = topic_tags({name: name for name in ("high", "normal", "low", "long")})
+    cases = [("sms", Priority.NORMAL, "normal", "sms"), ("report", Priority.LOW, "long", "report"),
+             ("email", Priority.HIGH, "high", "other"), ("sms", Priority.HIGH, "high", "sms")]
+    for type_, priority, topic, label in cases:
+        tag = tag_for(make_task(type=type_, priority=priority), frozenset({"report"}), labels)
+        assert 0 <= tag <= 255
+        assert topics[tag] == topic
+        assert priority_of_tag(tag) is priority
+        assert labels.name(type_slot_of_tag(tag)) == label
 
 
 def test_rows_at_or_before_the_start_cursor_are_ignored() -> None:

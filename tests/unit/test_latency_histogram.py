@@ -67,3 +67,23 @@ def test_merging_is_adding() -> None:
     merged.merge(b)
     assert merged.counts == both.counts and merged.sum_ms == both.sum_ms
     assert a.total == 500  # the snapshot was merged into, not a
+
+
+@given(st.integers(min_value=0, max_value=4_000_000_000_000),
+       st.lists(st.integers(min_value=-3_000_000, max_value=3_000_000), max_size=400))
+def test_adding_elapsed_times_from_one_moment_is_adding_each_value(now_ms: int, offsets: list[int]) -> None:
+    """`add_elapsed` (one bisection per bound, for a fired batch) and `add_many` (one per
+    value) agree on every bucket and on the sum, bounds, negatives and outliers included."""
+    since = [now_ms - offset for offset in offsets]
+    fast, plain = LatencyHistogram(), LatencyHistogram()
+    fast.add_elapsed(now_ms, since)
+    plain.add_many(now_ms - t for t in since)
+    assert fast.counts == plain.counts
+    assert fast.sum_ms == plain.sum_ms
+
+
+def test_adding_elapsed_times_on_the_bounds() -> None:
+    h = LatencyHistogram()
+    h.add_elapsed(10_000, [10_000 - bound for bound in BOUNDS_MS] + [10_001])
+    assert h.counts[:len(BOUNDS_MS)] == [2] + [1] * (len(BOUNDS_MS) - 1)  # 10_001 is -1 ms: the first bucket
+    assert h.counts[-1] == 0 and h.sum_ms == sum(BOUNDS_MS)

@@ -38,19 +38,3 @@ def test_bytes_that_are_not_a_message_are_left_out() -> None:
     assert group_key(b"") == b"" and group_key(b"\x00" * 30) == b""
     assert decode_tally(tally([b"garbage", b"\x9b" + b"\xff" * 40])) == ({}, {})
 
-
-def test_published_messages_are_tallied_with_the_lateness_of_first_attempts() -> None:
-    from collections import Counter
-
-    from scheduler.visibility.histogram import LatencyHistogram
-    from scheduler.visibility.tally import tally_published
-
-    now = 1_800_000_010_000
-    first = [Task(TaskId.new(now - late), "acme", "sms", b"", now - late) for late in (5, 250, 3000)]
-    retry_id = TaskId.new(now - 90_000)
-    retry = Task(retry_id, "acme", "sms", b"", now - 10, attempt=2)
-    keys: Counter[bytes] = Counter()
-    lateness = LatencyHistogram()
-    tally_published([encode_message(t, 1) for t in (*first, retry)], now, keys, lateness)
-    assert decode_tally(keys) == ({("acme", "sms"): 3}, {("acme", "sms"): 1})
-    assert lateness.total == 3 and lateness.sum_ms == 5 + 250 + 3000

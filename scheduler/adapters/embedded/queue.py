@@ -473,6 +473,15 @@ class SqliteConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._generations)
 
+    def lag(self) -> dict[TopicPartition, int]:
+        """One index seek per partition held (the end of its log)."""
+        self._check_open()
+        lag: dict[TopicPartition, int] = {}
+        for tp, position in list(self._next.items()):
+            (end,) = self._queue._read(_NEXT_OFFSET, tp)[0]
+            lag[tp] = max(int(end) - position, 0)
+        return lag
+
     def commit(self, positions: Mapping[TopicPartition, int]) -> None:
         self._check_open()
         held = {tp: offset for tp, offset in positions.items() if tp in self._generations}

@@ -212,6 +212,32 @@ class KafkaConsumer:
     def assignment(self) -> set[TopicPartition]:
         return set(self._assigned)
 
+    def lag(self) -> dict[TopicPartition, int]:
+        """From librdkafka's own knowledge, with no request to a broker: each partition's
+        fetch position (`position`) and the high watermark that came with its last fetch
+        response (`get_watermark_offsets(cached=True)`). A partition with neither yet
+        (nothing fetched since it was assigned) is left out; a paused one is fetched no
+        more, so its watermark, and its lag, stay where they were when it was paused."""
+        self._check_usable()
+        held = [KafkaPartition(topic, partition) for topic, partition in sorted(self._assigned)]
+        if not held:
+            return {}
+        try:
+            positions = self._consumer.position(held)
+        except KafkaException as exc:
+            raise QueueError(f"reading the positions of group {self.group} failed: {exc.args[0]}") from exc
+        lag: dict[TopicPartition, int] = {}
+        for tp in positions:
+            if tp.offset < 0:  # no position yet (OFFSET_INVALID)
+                continue
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high >= 0:
+                lag[(tp.topic, tp.partition)] = max(high - tp.offset, 0)
+        return lag
+
     def commit(self, positions: Mapping[TopicPartition, int]) -> None:
         self._check_usable()
         offsets = [
