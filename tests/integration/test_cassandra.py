@@ -24,7 +24,8 @@ from tests.cluster import Cluster, unique_name
 from tests.support import run_cli
 from tests.tasks import make_task
 
-TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits", "cancel_marks", "cancel_counts"}
+TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits", "cancel_marks", "cancel_counts",
+          "count_hours", "count_minutes", "count_snapshots", "count_snapshot_latest", "processes", "lateness_minutes"}
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:

@@ -64,21 +64,22 @@ def _reports() -> list[StatusReport]:
     reports take two batches of three."""
     ids = [TaskId.for_key(NINE_OCLOCK_MS + n * 7919, "lab", f"report-{n}") for n in range(40)]
     errors = [None, "", "SMS gateway: नंबर गलत है", "x" * (MAX_ERROR_CHARS + 1), "é" * MAX_ERROR_CHARS]
+    records = [None, '{"outcome":"done","worker":"w-1"}', '{"outcome":"failed","error":"नंबर गलत है"}']
     return [
-        StatusReport(task_id, 1 + n * 7 % MAX_ATTEMPTS_LIMIT, status, errors[n % len(errors)])
+        StatusReport(task_id, 1 + n * 7 % MAX_ATTEMPTS_LIMIT, status, errors[n % len(errors)], records[n % 3])
         for n, (task_id, status) in enumerate(zip(ids * 2, list(TaskStatus) * 14, strict=False))
     ]
 
 
 def _drivers_binding(set_status: PreparedStatement, report: StatusReport) -> Statement:
     """`report` bound the way the store did before it packed status rows itself: the
-    driver's `bind` of datetimes, a `UUID` and text."""
+    driver's `bind` of datetimes, a `UUID` and text (the history cell unset without a record)."""
     task_id = report.task_id
     run_at = task_id.run_at_ms
     bound: Statement = set_status.bind((
         status_write_timestamp_us(task_id, report.attempt, report.status), report.status.value, report.attempt,
-        bounded_error(report.error) or "", from_ms(minute_bucket(run_at)), task_id.shard(64), from_ms(run_at),
-        task_id.uuid,
+        bounded_error(report.error) or "", report.attempt, UNSET_VALUE if report.record is None else report.record,
+        from_ms(minute_bucket(run_at)), task_id.shard(64), from_ms(run_at), task_id.uuid,
     ))
     return bound
 
@@ -94,7 +95,7 @@ def test_packed_status_rows_equal_the_drivers_binding(
         key = rows.partition_key(minute_bucket(task_id.run_at_ms), task_id.shard(64))
         packed = rows.status_values(
             key, task_id, status_write_timestamp_us(task_id, report.attempt, report.status), report.status,
-            report.attempt, bounded_error(report.error) or "",
+            report.attempt, bounded_error(report.error) or "", report.record,
         )
         assert packed == bound.values
         assert rows.partition_batch(keyspace.keyspace, key).routing_key == bound.routing_key
