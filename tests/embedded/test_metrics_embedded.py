@@ -6,33 +6,13 @@ tests/integration/test_metrics_cluster.py."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from scheduler.adapters.embedded.queue import SqliteQueue
-from scheduler.adapters.embedded.store import SqliteTaskStore
 from tests.dispatchers import Fleet
 from tests.metrics import check_end_to_end
 from tests.unit.test_observability import DOCS, referenced_metrics
 from tests.workers import Workers
-
-
-@pytest.fixture
-def embedded(tmp_path: Path) -> Iterator[tuple[Fleet, Workers]]:
-    db = tmp_path / "db" / "tasks.db"
-    db.parent.mkdir()
-    SqliteTaskStore(db).close()  # the tables, before the processes race to make them
-    SqliteQueue(db.with_name("queue.db")).close()
-    env = {"SCHEDULER_BACKEND": "embedded", "SCHEDULER_DB": str(db), "SCHEDULER_LEASE_TIMEOUT_S": "2"}
-    fleet = Fleet(env, tmp_path)
-    workers = Workers(env, tmp_path, tmp_path / "sink.db")
-    try:
-        yield fleet, workers
-    finally:
-        workers.stop_all()
-        fleet.stop_all()
 
 
 @pytest.mark.timeout(180)
