@@ -39,9 +39,10 @@ def fold_hours(store: CountStore, now_ms: int) -> int:
     while hour < last and folded < MAX_HOURS_PER_PASS:
         nxt = hour + 1
         totals = sum_rows(store.read_hours([nxt]), totals)
-        # Drops the snapshot before the one replaced: a reader that has just read the
-        # pointer to the replaced one can still read its rows.
-        store.write_snapshot(nxt, totals, hour - 1)
+        # Drops a snapshot more than a whole pass old: a reader, or a second folder during
+        # a hand-over of shard 0, that read the pointer before this pass can still read
+        # the snapshot it names (dropping the one just replaced would leave it an empty base).
+        store.write_snapshot(nxt, totals, nxt - MAX_HOURS_PER_PASS - 2)
         hour = nxt
         folded += 1
     if folded:
