@@ -15,6 +15,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
+from itertools import chain
 
 from scheduler.dispatcher.context import DispatcherContext
 from scheduler.errors import SchedulerError
@@ -22,7 +23,7 @@ from scheduler.fairness.gate import ReleaseGate
 from scheduler.ports import CountStore
 from scheduler.visibility.counts import EventCounter
 from scheduler.visibility.fold import fold_hours
-from scheduler.visibility.tally import decode_tally, group_key
+from scheduler.visibility.tally import decode_tally, tally
 from scheduler.visibility.writer import DEFAULT_INTERVAL_S, CountWriter, Gauges, new_writer_id
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,7 @@ class DispatcherVisibility:
 
     def published(self, batches: Iterable[Iterable[bytes]], now_ms: int) -> None:
         """On the fire loop: the queue acknowledged these messages."""
-        keys: Counter[bytes] = Counter()
-        for messages in batches:
-            keys.update(map(group_key, messages))
+        keys = tally(chain.from_iterable(batches))
         with self._keys_lock:
             self._keys.update(keys)
 

@@ -8,12 +8,9 @@ import functools
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from scheduler import cancels, handoff
 from scheduler.errors import StoreError
@@ -23,15 +20,6 @@ from scheduler.producer import Client
 from scheduler.worker import App, Context, RetryableError, dead_letters
 from scheduler.worker.context import TASK_KEY_PREFIX
 from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[EmbeddedRig]:
-    opened = EmbeddedRig(tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def letters(rig: EmbeddedRig) -> list[dead_letters.DeadLetter]:

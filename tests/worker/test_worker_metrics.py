@@ -5,10 +5,7 @@ start lateness of each attempt, and what it holds now."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
@@ -18,15 +15,6 @@ from scheduler.visibility.worker_metrics import OUTCOMES, WorkerCollector
 from scheduler.worker.runtime import Worker
 from tests.metrics import Scrape
 from tests.worker.rig import KAFKA, EmbeddedRig, task, wait_for
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[EmbeddedRig]:
-    opened = EmbeddedRig(tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def scrape(worker: Worker) -> Scrape:
