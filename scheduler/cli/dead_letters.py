@@ -4,8 +4,7 @@ as new tasks."""
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime, timezone
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +12,7 @@ import click
 
 from scheduler import backends
 from scheduler.cli.options import Exit, backend_settings, store_options
-from scheduler.errors import SchedulerError
-from scheduler.model import decode_message, decode_payload, from_ms
+from scheduler.model import from_ms
 
 
 @click.group()
@@ -90,51 +88,25 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
     A letter whose message cannot be decoded cannot be replayed and is reported.
     Exits 1 if any named letter was not found or could not be replayed.
     """
-    from scheduler.producer import Client
-    from scheduler.worker.dead_letters import Replayed, encode_replayed, waiting
+    from scheduler.connecting import connect
+    from scheduler.replay import replay
 
     if not letters and not replay_all:
         raise click.UsageError("name the letters to replay (see `scheduler dlq list`) or pass --all")
     settings = backend_settings(backend, db, **options)
+    with connect(backend=settings.backend, db=settings.db, cassandra=settings.cassandra,
+                 kafka=settings.kafka) as client, backends.open_dead_letters(settings) as (scanner, publisher):
+        outcomes = replay(client, scanner, publisher, settings.kafka.dead_letter_topic, letters,
+                          every=replay_all, tenant=tenant, type_=type_, dry_run=dry_run)
     failed = 0
-    with backends.open_store(settings) as store, backends.open_handoff(settings, store.shard_count) as handoff, \
-            backends.open_dead_letters(settings) as (scanner, publisher):
-        waiting_letters, _, _ = waiting(scanner.scan(settings.kafka.dead_letter_topic))
-        by_name = {letter.letter: letter for letter in waiting_letters}
-        if replay_all:
-            chosen = [letter for letter in waiting_letters if _matches(letter, tenant, type_)]
-        else:
-            chosen = []
-            for name in dict.fromkeys(letters):  # a name given twice is replayed once
-                if name not in by_name:
-                    click.echo(f"{name}: no such waiting letter (already replayed, or never there)", err=True)
-                    failed += 1
-                else:
-                    chosen.append(by_name[name])
-        client = Client(store, handoff=handoff)
-        for letter in chosen:
-            try:
-                task = decode_message(letter.message).task
-                payload = decode_payload(task.payload)
-            except Exception as exc:  # InvalidMessage, or whatever msgpack raises on a bad payload
-                click.echo(f"{letter.letter}: cannot be replayed, its message is unreadable: {exc}", err=True)
-                failed += 1
-                continue
-            if dry_run:
-                click.echo(f"{letter.letter}: would replay {task.tenant}/{task.type} (was {task.id})")
-                continue
-            now = datetime.now(timezone.utc)  # explicit: a keyed task needs one, and it names the new task
-            try:
-                new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
-                                       idempotency_key=task.idempotency_key, max_attempts=task.max_attempts,
-                                       cost=task.cost)
-                publisher.publish(settings.kafka.dead_letter_topic, [encode_replayed(
-                    Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
-                publisher.flush(30.0)
-            except SchedulerError as exc:
-                click.echo(f"{letter.letter}: not replayed: {exc}", err=True)
-                failed += 1
-                continue
-            click.echo(f"{letter.letter}: replayed as {new_id} (was {task.id})")
+    for outcome in outcomes:
+        info = outcome.letter_info
+        if not outcome.ok:
+            click.echo(f"{outcome.letter}: {outcome.problem}", err=True)
+            failed += 1
+        elif outcome.new_task_id is None and info is not None:
+            click.echo(f"{outcome.letter}: would replay {info.tenant}/{info.type} (was {info.task_id})")
+        elif info is not None:
+            click.echo(f"{outcome.letter}: replayed as {outcome.new_task_id} (was {info.task_id})")
     if failed:
         raise click.exceptions.Exit(Exit.FAILURE)

@@ -1,0 +1,83 @@
+"""Replaying dead letters: each chosen letter submitted again as a new task, due now,
+with a fresh series of attempts, and a marker appended to the dead-letter topic so the
+letter is no longer listed (`scheduler.worker.dead_letters`). `scheduler dlq replay`
+and the status page's replay button both come here.
+
+Within one process replays are serialised, so a letter clicked twice is replayed once.
+Two processes replaying the same letter at the same moment can both submit it (each
+reads the topic before the other's marker lands): the letter then runs twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from scheduler.errors import SchedulerError
+from scheduler.model import TaskId, decode_message, decode_payload
+from scheduler.ports import Publisher, TopicScanner
+from scheduler.producer import Client
+from scheduler.worker.dead_letters import DeadLetter, Replayed, encode_replayed, waiting
+
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    letter: str
+    new_task_id: TaskId | None
+    """The new task's id; None when nothing was submitted (see `problem`), or in a dry run."""
+    problem: str | None = None
+    letter_info: DeadLetter | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def replay(client: Client, scanner: TopicScanner, publisher: Publisher, topic: str, names: Iterable[str] = (), *,
+           every: bool = False, tenant: str | None = None, type_: str | None = None,
+           dry_run: bool = False) -> list[ReplayOutcome]:
+    """Replay the letters named (`partition:offset`), or with `every` all waiting letters
+    of `tenant`/`type_` (None: any). One outcome per letter, in order. `client` submits
+    the new tasks: one from `scheduler.connect`, so they are counted as submitted."""
+    with _lock:
+        letters, _, _ = waiting(scanner.scan(topic))
+        by_name = {letter.letter: letter for letter in letters}
+        if every:
+            chosen: list[DeadLetter | str] = [letter for letter in letters
+                                              if (tenant is None or letter.tenant == tenant)
+                                              and (type_ is None or letter.type == type_)]
+        else:
+            chosen = [by_name.get(name, name) for name in dict.fromkeys(names)]  # a name given twice: once
+        outcomes = []
+        for letter in chosen:
+            if isinstance(letter, str):
+                outcomes.append(ReplayOutcome(letter, None, "no such waiting letter (already replayed, or never "
+                                                            "there)"))
+                continue
+            outcomes.append(_replay_one(client, publisher, topic, letter, dry_run))
+        return outcomes
+
+
+def _replay_one(client: Client, publisher: Publisher, topic: str, letter: DeadLetter,
+                dry_run: bool) -> ReplayOutcome:
+    try:
+        task = decode_message(letter.message).task
+        payload = decode_payload(task.payload)
+    except Exception as exc:  # InvalidMessage, or whatever msgpack raises on a bad payload
+        return ReplayOutcome(letter.letter, None, f"cannot be replayed, its message is unreadable: {exc}", letter)
+    if dry_run:
+        return ReplayOutcome(letter.letter, None, None, letter)
+    now = datetime.now(UTC)  # explicit: a keyed task needs one, and it names the new task
+    try:
+        new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
+                               idempotency_key=task.idempotency_key, max_attempts=task.max_attempts, cost=task.cost)
+        publisher.publish(topic, [encode_replayed(Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
+        publisher.flush(30.0)
+    except SchedulerError as exc:
+        return ReplayOutcome(letter.letter, None, f"not replayed: {exc}", letter)
+    return ReplayOutcome(letter.letter, new_id, None, letter)
