@@ -10,6 +10,7 @@ and `main`, which turns the scheduler's errors into exit codes.
     limits.py        limits set|show|reset
     schedules.py     schedule add|list|pause|resume|delete|preview
     status.py        status
+    ui.py            ui (the status page)
     demo.py          demo
 
 A command's options become settings in its module; `backends` opens the adapters, and
@@ -24,7 +25,7 @@ import sys
 import click
 
 from scheduler import __version__
-from scheduler.cli import dead_letters, demo, dispatcher, limits, schedules, schema, status, tasks, worker
+from scheduler.cli import dead_letters, demo, dispatcher, limits, schedules, schema, status, tasks, ui, worker
 from scheduler.cli.options import Exit
 from scheduler.errors import (
     ConfigError,
@@ -47,7 +48,7 @@ def cli() -> None:
 
 
 for command in (schema.schema, tasks.submit, tasks.get, tasks.cancel, dispatcher.dispatcher, worker.worker,
-                dead_letters.dlq, limits.limits, schedules.schedule, status.status, demo.demo):
+                dead_letters.dlq, limits.limits, schedules.schedule, status.status, ui.ui, demo.demo):
     cli.add_command(command)
 
 

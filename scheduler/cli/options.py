@@ -220,3 +220,13 @@ def parse_payload(text: str) -> Any:
 def tenant_option(help: str, required: bool = True) -> Callable[[F], F]:
     return click.option("--tenant", "tenant", envvar="SCHEDULER_TENANT", show_envvar=True, required=required,
                         help=help)
+
+
+def parse_listen(listen: str, param_hint: str = "--listen") -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as (host, port); `BadParameter` otherwise."""
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{listen!r}: give HOST:PORT, e.g. 127.0.0.1:8470 or 0.0.0.0:0",
+                                 param_hint=param_hint)
+    return host, int(port)

@@ -26,7 +26,7 @@ from scheduler.visibility.counts import (
     levels,
     sum_rows,
 )
-from scheduler.visibility.histogram import LatencyHistogram
+from scheduler.visibility.histogram import BOUNDS_MS, LatencyHistogram
 from scheduler.visibility.retention import LIVE_MS
 from scheduler.visibility.writer import STOPPED
 
@@ -72,6 +72,8 @@ class Status:
     counts can be (a producer writes its last counts as it closes)."""
     dead_by_tenant: dict[str, int] = field(default_factory=dict)
     consumer_lag: dict[str, int] = field(default_factory=dict)
+    lateness_per_minute: dict[str, list[tuple[int, Lateness]]] = field(default_factory=dict)
+    """kind -> (minute start ms, that minute's lateness) over `since`; only when asked."""
 
 
 def _matches(pair: Pair, tenant: str | None, type_: str | None) -> bool:
@@ -95,17 +97,29 @@ def running_by_pair(processes: Iterable[ProcessReport]) -> dict[Pair, int]:
     return running
 
 
+def _lateness(kind: str, merged: LatencyHistogram) -> Lateness:
+    top = None
+    if merged.total:
+        i = max(i for i, n in enumerate(merged.counts) if n)
+        top = BOUNDS_MS[min(i, len(BOUNDS_MS) - 1)]
+    return Lateness(kind, merged.total, merged.quantile(0.5), merged.quantile(0.99), top)
+
+
 def lateness_of(counts: CountStore, kind: str, first_minute: int, last_minute: int) -> Lateness:
     merged = LatencyHistogram()
     for row in counts.read_lateness(kind, first_minute, last_minute):
         merged.merge(row.histogram)
-    top = None
-    if merged.total:
-        from scheduler.visibility.histogram import BOUNDS_MS
+    return _lateness(kind, merged)
 
-        i = max(i for i, n in enumerate(merged.counts) if n)
-        top = BOUNDS_MS[min(i, len(BOUNDS_MS) - 1)]
-    return Lateness(kind, merged.total, merged.quantile(0.5), merged.quantile(0.99), top)
+
+def lateness_by_minute(counts: CountStore, kind: str, first_minute: int,
+                       last_minute: int) -> list[tuple[int, Lateness]]:
+    """Each minute's lateness from `first_minute` to `last_minute`, empty minutes included."""
+    merged: dict[int, LatencyHistogram] = {}
+    for row in counts.read_lateness(kind, first_minute, last_minute):
+        merged.setdefault(row.minute, LatencyHistogram()).merge(row.histogram)
+    return [(m * MINUTE_MS, _lateness(kind, merged.get(m, LatencyHistogram())))
+            for m in range(first_minute, last_minute + 1)]
 
 
 def per_minute(counts: CountStore, first_minute: int, last_minute: int, tenant: str | None,
@@ -131,9 +145,10 @@ def shard_rows(store: TaskStore, now_ms: int) -> list[ShardRow]:
 
 def read_status(store: TaskStore, counts: CountStore, *, since_ms: int = HOUR_MS, tenant: str | None = None,
                 type_: str | None = None, now_ms: int | None = None, shards: bool = True,
-                consumer_lag: Mapping[str, int] | None = None) -> Status:
+                consumer_lag: Mapping[str, int] | None = None, minute_lateness: bool = False) -> Status:
     """The status as of `now_ms`; `consumer_lag` (ready topic -> messages behind) is the
-    queue's to say (`backends.consumer_lag`), passed through."""
+    queue's to say (`backends.consumer_lag`), passed through. With `minute_lateness`, also
+    each minute's lateness over `since` (the status page's chart)."""
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     processes = [p for p in counts.read_processes() if now - p.updated_ms <= LIVE_MS and not p.detail.get(STOPPED)]
     running = running_by_pair(processes)
@@ -154,7 +169,9 @@ def read_status(store: TaskStore, counts: CountStore, *, since_ms: int = HOUR_MS
         per_minute=per_minute(counts, first_minute, last_minute, tenant, type_),
         lateness={kind: lateness_of(counts, kind, window_first, last_minute) for kind in ("fire", "start")},
         shards=shard_rows(store, now) if shards else [], processes=processes,
-        stalest_ms=max(ages) if ages else None, dead_by_tenant=dead, consumer_lag=dict(consumer_lag or {}))
+        stalest_ms=max(ages) if ages else None, dead_by_tenant=dead, consumer_lag=dict(consumer_lag or {}),
+        lateness_per_minute={kind: lateness_by_minute(counts, kind, first_minute, last_minute)
+                             for kind in ("fire", "start")} if minute_lateness else {})
 
 
 def status_document(status: Status) -> dict[str, object]:

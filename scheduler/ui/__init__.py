@@ -1,0 +1,12 @@
+"""The status page: `scheduler ui`, and the page `scheduler demo` shows while it plays.
+
+    views.py    what the page shows, as plain values, from a `Status` (no web code)
+    charts.py   the per-minute charts, drawn as SVG on the server
+    source.py   the backend the page reads and acts on, opened once, read at most every 2 s
+    page.py     the Flask application: routes, templates, the replay action
+    serving.py  a waitress server for it in a thread of the calling process
+
+The page has no build step and loads nothing from the network: HTML from Jinja
+templates, an SVG per chart, one stylesheet and one small script (live refresh) served
+from the package.
+"""

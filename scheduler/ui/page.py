@@ -1,0 +1,134 @@
+"""The status page as a Flask application (`create_app`).
+
+    GET  /                 tasks by tenant and state, the charts, lateness, shards,
+                           processes, consumer lag; ?tenant= ?type= narrow it (rows by
+                           type then), ?since= 15m|1h|6h|24h sets the charts' span
+    GET  /live             the part of / that the page's script fetches again every
+                           `refresh_s` (same arguments)
+    GET  /api/status       the same status as `scheduler status --json`
+    GET  /task?id=ID       a task, its status and the history of its attempts
+    GET  /dead-letters     the dead letters waiting, ?tenant= for one tenant's
+    POST /dead-letters/replay  replays one letter (form fields: letter, token)
+    GET  /healthz          "ok"
+
+Flask, because it is small, kept up to date, and brings Jinja's autoescaping templates;
+the page itself is server-rendered HTML. The replay form carries a token made when the
+page starts, so another site open in the same browser cannot post a replay to it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
+
+from scheduler.errors import InvalidTask, SchedulerError
+from scheduler.model import TaskId, decode_payload
+from scheduler.visibility.counts import STATES
+from scheduler.visibility.status import status_document
+
+from .source import PageSource
+from .views import overview
+
+SPANS_MS = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}
+DEFAULT_SPAN = "1h"
+MAX_LETTERS = 200
+
+
+def _clock(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    if ms >= 120_000:
+        return f"{ms / 60_000:.0f} min"
+    return f"{ms / 1000:.1f} s" if ms >= 10_000 else f"{ms:.0f} ms"
+
+
+def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "scheduler") -> Flask:
+    app = Flask(__name__)
+    token = secrets.token_urlsafe(24)
+    app.jinja_env.filters.update(clock=_clock, duration=_duration, num=lambda n: f"{n:,}")
+    app.jinja_env.globals.update(STATES=STATES, SPANS=list(SPANS_MS), title=title, refresh_ms=int(refresh_s * 1000),
+                                 backend=source.settings.backend)
+
+    def narrowing() -> tuple[str | None, str | None, str]:
+        tenant = request.args.get("tenant", "").strip() or None
+        type_ = request.args.get("type", "").strip() or None
+        span = request.args.get("since", DEFAULT_SPAN)
+        if span not in SPANS_MS:
+            abort(400, f"since must be one of {', '.join(SPANS_MS)}")
+        return tenant, type_, span
+
+    def live_context() -> dict[str, Any]:
+        tenant, type_, span = narrowing()
+        status, lag_known = source.status(tenant, type_, SPANS_MS[span])
+        return {"view": overview(status), "lag_known": lag_known, "tenant": tenant, "type": type_, "span": span}
+
+    @app.get("/")
+    def index() -> str:
+        return render_template("index.html", **live_context())
+
+    @app.get("/live")
+    def live() -> str:
+        return render_template("_live.html", **live_context())
+
+    @app.get("/api/status")
+    def api_status() -> Response:
+        tenant, type_, span = narrowing()
+        status, _ = source.status(tenant, type_, SPANS_MS[span])
+        return jsonify(status_document(status))
+
+    @app.get("/task")
+    def task() -> tuple[str, int]:
+        raw = request.args.get("id", "").strip()
+        if not raw:
+            return render_template("task.html", raw=raw, error=None, stored=None, payload=None, history=[]), 200
+        try:
+            task_id = TaskId.parse(raw)
+        except InvalidTask as exc:
+            return render_template("task.html", raw=raw, error=str(exc), stored=None, payload=None, history=[]), 400
+        stored, history = source.task(task_id)
+        if stored is None:
+            return render_template("task.html", raw=raw, error=f"no task with id {task_id}", stored=None,
+                                   payload=None, history=[]), 404
+        try:
+            payload = repr(decode_payload(stored.task.payload))
+        except Exception:  # a payload the SDK did not write: show that, not an error page
+            payload = f"<{len(stored.task.payload)} bytes, not msgpack>"
+        return render_template("task.html", raw=raw, error=None, stored=stored, payload=payload, history=history), 200
+
+    @app.get("/dead-letters")
+    def dead_letters() -> str:
+        tenant = request.args.get("tenant", "").strip() or None
+        letters = source.dead_letters()
+        shown = [letter for letter in letters.waiting if tenant is None or letter.tenant == tenant]
+        return render_template("dead_letters.html", letters=letters, shown=shown[:MAX_LETTERS], count=len(shown),
+                               tenant=tenant, token=token, replayed=request.args.get("replayed"),
+                               new=request.args.get("new"), problem=request.args.get("problem"))
+
+    @app.post("/dead-letters/replay")
+    def replay() -> Any:
+        if not hmac.compare_digest(request.form.get("token", ""), token):
+            abort(403, "this form is not from this page (reload the page and try again)")
+        letter = request.form.get("letter", "")
+        try:
+            outcome = source.replay(letter)
+        except SchedulerError as exc:
+            return redirect(url_for("dead_letters", replayed=letter, problem=str(exc)), code=303)
+        if not outcome.ok:
+            return redirect(url_for("dead_letters", replayed=letter, problem=outcome.problem), code=303)
+        return redirect(url_for("dead_letters", replayed=letter, new=str(outcome.new_task_id)), code=303)
+
+    @app.get("/healthz")
+    def healthz() -> str:
+        return "ok"
+
+    return app
