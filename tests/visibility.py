@@ -12,13 +12,18 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Mapping
+from contextlib import ExitStack
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from playwright.sync_api import Page
+
 import scheduler
 from tests.dispatchers import Fleet
 from tests.readme import section
+from tests.status_page import browser_page, check_task, replay_from_page, screenshot, status_page
+from tests.status_page import shows as status_page_shows
 from tests.support import wait_until
 from tests.workers import Workers
 
@@ -48,7 +53,19 @@ def nonzero(counts: Mapping[tuple[str, str], Mapping[str, int]]) -> dict[tuple[s
 
 
 def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, tmp_path: Path,
-                        timeout_s: float = 90) -> dict[str, Any]:
+                        timeout_s: float = 90, page: bool = False) -> dict[str, Any]:
+    """With `page`, the status page is opened in a browser too, and must show the same
+    counts, refresh itself to the end state, look tasks up and replay a dead letter."""
+    with ExitStack() as stack:
+        browser, url = None, ""
+        if page:
+            url = stack.enter_context(status_page({**env, "SCHEDULER_TEST_SINK": str(workers.sink_path)}))
+            browser = stack.enter_context(browser_page())
+        return _scenario(env, fleet, workers, tmp_path, timeout_s, browser, url)
+
+
+def _scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, tmp_path: Path, timeout_s: float,
+              browser: Page | None, url: str) -> dict[str, Any]:
     full_env = {**env, "SCHEDULER_TEST_SINK": str(workers.sink_path)}
     fleet.start("d1")
     worker = workers.start("w1", concurrency=8)
@@ -100,6 +117,13 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
     # A tenant's own minutes are written every 10 s (the states at every write).
     wait_until(lambda: sum(m["done"] for m in status(full_env, "--tenant", "acme")["per_minute"]) == OK_TASKS,
                timeout_s=timeout_s, interval_s=1, what="acme's minutes to show its done tasks")
+    navigations = []
+    if browser is not None:
+        browser.goto(url)
+        browser.on("framenavigated", lambda frame: navigations.append(frame.url))
+        wait_until(lambda: status_page_shows(browser, expected_while_blocked), timeout_s=timeout_s, interval_s=0.5,
+                   what=f"the status page to show {expected_while_blocked}")
+        assert browser.text_content("#owners") and browser.query_selector("#processes tr[data-role=worker]")
 
     release.write_text("go")
     done = {**expected_while_blocked, ("gamma", "sms"): {"done": BLOCKED}}
@@ -110,6 +134,12 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
     final = wait_until(settled, timeout_s=timeout_s, interval_s=0.5,
                        what=f"status to show {done} and no consumer lag")
     assert final is not None
+    if browser is not None:
+        # The page, not reloaded, follows: its live part is fetched again every second.
+        wait_until(lambda: status_page_shows(browser, done), timeout_s=timeout_s, interval_s=0.5,
+                   what=f"the open status page to show {done}")
+        assert navigations == [], navigations
+        screenshot(browser, tmp_path)
     sink = workers.sink()
     try:
         runs = sink.runs()
@@ -119,6 +149,13 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
     check_history(full_env, str(ok[0]), "done", None)
     check_history(full_env, str(dead[0]), "dead", "invalid phone number")
     run_readme_commands(full_env, str(ok[0]))
+    if browser is not None:
+        check_task(browser, str(ok[0]), "done", None)
+        check_task(browser, str(dead[0]), "dead", "invalid phone number")
+        new_id = replay_from_page(browser, url, str(dead[0]))
+        with scheduler.connect(env=full_env) as client:
+            replayed = client.get(new_id)
+        assert replayed is not None and (replayed.task.tenant, replayed.task.type) == ("beta", "sms")
     return final
 
 

@@ -10,16 +10,20 @@ from pathlib import Path
 import pytest
 
 from tests.dispatchers import Fleet
+from tests.status_page import chromium, skip_without_chromium
 from tests.support import run_cli
 from tests.visibility import run_status_scenario
 from tests.workers import Workers
 
 
-@pytest.mark.timeout(180)
-def test_status_shows_what_happened(embedded: tuple[Fleet, Workers], tmp_path: Path) -> None:
+@pytest.mark.timeout(240)
+def test_status_and_the_status_page_show_what_happened(embedded: tuple[Fleet, Workers], tmp_path: Path) -> None:
+    """`scheduler status`, and the status page in a browser: the same counts, the page
+    following live to the end state, a task looked up, a dead letter replayed."""
     fleet, workers = embedded
-    final = run_status_scenario(fleet.env, fleet, workers, tmp_path)
+    final = run_status_scenario(fleet.env, fleet, workers, tmp_path, page=chromium() is not None)
     assert len(final["shards"]) == 64
+    skip_without_chromium()  # the status part passed; say that the page's was not checked
 
 
 def test_status_without_a_store_says_so_and_creates_nothing(tmp_path: Path) -> None:
