@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from scheduler.cli.options import Exit, parse_delay
+from scheduler.cli.options import Exit, parse_delay, parse_listen
 
 
 @click.command()
@@ -38,10 +38,14 @@ from scheduler.cli.options import Exit, parse_delay
               "temporary directory, removed afterwards unless something went wrong.")
 @click.option("--keep", "keep", is_flag=True, help="Keep the directory (and with --backend local the keyspace, "
               "topics and ZooKeeper root).")
+@click.option("--page-listen", "page_listen", default="127.0.0.1:0", show_default=True,
+              help="HOST:PORT of the status page while the demo plays (port 0: any free port; the address is "
+              "printed). 'off': no page.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the summary as a JSON document to this file.")
 def demo(results: int, batch: int, reminders: int, reminder_delay: str, sms_rate: float, lead: str, workers: int,
-         concurrency: int, backend: str, directory: Path | None, keep: bool, json_path: Path | None) -> None:
+         concurrency: int, backend: str, directory: Path | None, keep: bool, page_listen: str,
+         json_path: Path | None) -> None:
     """Play results day on this machine, end to end, in about a minute.
 
     \b
@@ -53,8 +57,10 @@ def demo(results: int, batch: int, reminders: int, reminder_delay: str, sms_rate
     share the shards and two workers send through a fake SMS provider that refuses to
     send a key twice. A worker is killed (kill -9) in the middle of a batch, and later
     dispatcher-1 with the reminders loaded; the others take over. A live board shows
-    every tenant's tasks by status; the summary reconciles every task and SMS: delivered,
-    lost, repeats the provider absorbed, and how late handlers started.
+    every tenant's tasks by status, and the status page (`scheduler ui`) is served at the
+    address printed first; the summary reconciles every task and SMS: delivered, lost,
+    repeats the provider absorbed, how late handlers started, and what `scheduler status`
+    shows beside it.
 
     Exit status 0 when everything was delivered as it should be, 1 otherwise.
     """
@@ -71,10 +77,11 @@ def demo(results: int, batch: int, reminders: int, reminder_delay: str, sms_rate
         raise click.BadParameter(f"{lead!r} is under 3s", param_hint="--lead")
     if 0 < sms_rate < 1:
         raise click.BadParameter(f"{sms_rate} is under 1 SMS a second (0 for no limit)", param_hint="--sms-rate")
+    page = None if page_listen == "off" else parse_listen(page_listen, "--page-listen")
     options = DemoOptions(Story(results=results, batch=batch, reminders=reminders, reminder_delay_s=delay_s,
                                 sms_rate=sms_rate or None),
                           backend=backend, directory=directory, lead_s=lead_s, workers=workers,
-                          concurrency=concurrency, keep=keep)
+                          concurrency=concurrency, keep=keep, page=page)
     console = Console(highlight=False, soft_wrap=True)
     summary = play(options, console)
     for line in render(summary):

@@ -16,6 +16,8 @@ from typing import Any
 
 from scheduler.model import TaskId
 from scheduler.ports import StoredTask, TaskStatus
+from scheduler.visibility.counts import STATES
+from scheduler.visibility.status import Status
 
 from .gateway import Start
 
@@ -114,6 +116,29 @@ def summarise(planned: Sequence[Planned], rows: Mapping[TaskId, StoredTask], sen
     }
 
 
+def against_status(tenants: Mapping[str, Mapping[str, Any]], status: Status,
+                   killed_worker_tasks: int) -> dict[str, Any]:
+    """What `scheduler status` shows per tenant (from the counts the processes wrote, not
+    from the tasks) beside the reconciled tasks. `agrees` when every tenant's done and
+    dead are the tasks' and no task is shown in another state. A process killed with
+    kill -9 never writes its last ~2 s of counts: `killed_worker_tasks`, the tasks the
+    killed worker started, bounds what it can have taken with it."""
+    shown: dict[str, dict[str, int]] = {tenant: dict.fromkeys(STATES, 0) for tenant in tenants}
+    for (tenant, _), levels in status.levels.items():
+        row = shown.setdefault(tenant, dict.fromkeys(STATES, 0))
+        for state, n in levels.as_dict().items():
+            row[state] += n
+    differences = []
+    for tenant, row in shown.items():
+        figures = tenants.get(tenant, {"done": 0, "dead": 0})
+        for state in STATES:
+            expected = figures[state] if state in ("done", "dead") else 0
+            if row[state] != expected:
+                differences.append(f"{tenant} {state} {row[state]} (tasks: {expected})")
+    return {"tenants": shown, "agrees": not differences, "differences": differences,
+            "killed_worker_tasks": killed_worker_tasks}
+
+
 def render(summary: Mapping[str, Any]) -> list[str]:
     """The closing summary as lines of text."""
     tasks, sms = summary["tasks"], summary["sms"]
@@ -137,6 +162,14 @@ def render(summary: Mapping[str, Any]) -> list[str]:
         error = (letter["error"] or "").strip().splitlines()
         lines.append(f"  dead letter: {letter['tenant']} {letter['type']} after attempt {letter['attempt']} "
                      f"({letter['reason']}): {error[-1] if error else 'no error recorded'}")
+    status = summary.get("status")
+    if status is not None:
+        shown = "; ".join(f"{tenant} " + ", ".join(f"{n:,} {state}" for state, n in row.items() if n)
+                          for tenant, row in status["tenants"].items())
+        lines.append(f"  scheduler status shows {shown}: " + (
+            "the same as the tasks" if status["agrees"] else
+            "not quite the tasks (" + "; ".join(status["differences"]) + "): counts a process killed with kill -9 "
+            "had not yet written (at most its last 2 s)"))
     for event in summary["events"]:
         lines.append(f"  t+{event['at_s']:5.1f}s {event['what']}")
     verdict = ("all delivered, none lost" if summary["ok"]

@@ -32,13 +32,15 @@ from scheduler.errors import SchedulerError, StoreUnavailable
 from scheduler.model import TaskId
 from scheduler.ports import StoredTask
 from scheduler.producer import Client
+from scheduler.ui.serving import PageServer
+from scheduler.visibility.status import read_status
 
 from .app import GATEWAY_ENV
 from .board import Board, Frame
 from .fleet import Fleet, Member
 from .gateway import Gateway, now_ms
 from .local import LEASE_TIMEOUT_S, LocalDeployment
-from .outcome import Planned, status_counts, summarise
+from .outcome import Planned, against_status, status_counts, summarise
 from .story import BOARD, COLLEGE, RESULT_TYPE, Story
 
 APP = "scheduler.demo.app:app"
@@ -67,6 +69,8 @@ class DemoOptions:
     workers: int = 2
     concurrency: int = 4
     keep: bool = False
+    page: tuple[str, int] | None = ("127.0.0.1", 0)
+    """Where the status page listens while the demo plays (port 0: any free port); None: no page."""
 
 
 @dataclass
@@ -100,6 +104,16 @@ def play(options: DemoOptions, console: Console) -> dict[str, Any]:
                                                  cassandra=settings.cassandra, kafka=settings.kafka))
             fleet = Fleet(directory, backend_args, {**env, GATEWAY_ENV: str(gateway.path)})
             stack.callback(fleet.stop)
+            if options.page is not None:
+                try:
+                    page = PageServer(settings, host=options.page[0], port=options.page[1], refresh_s=2.0,
+                                      title="results day").start()
+                except OSError as exc:
+                    raise DemoFailure(f"cannot serve the status page on {options.page[0]}:{options.page[1]}: "
+                                      f"{exc.strerror or exc}") from None
+                stack.callback(page.close)
+                console.print(f"status page at {page.url} (open it to watch; it closes with the demo)",
+                              highlight=False)
             summary = _story(options, settings, client, fleet, gateway, console)
             failed = not summary["ok"]
             return summary
@@ -214,6 +228,11 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
     summary = summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
                         (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
     summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
+    killed = {m.process.pid for m in fleet.of_kind("worker") if m.killed_at_ms is not None}
+    with backends.open_counts(settings, store) as counts:
+        status = read_status(store, counts, shards=False)
+    summary["status"] = against_status(summary["tenants"], status,
+                                       len({start.task for start in gateway.starts() if start.pid in killed}))
     return summary
 
 

@@ -5,16 +5,31 @@ and the document behind it agrees count by count; bad flags are usage errors."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from scheduler.cli import Exit
-from tests.support import run_cli
+from tests.support import run_cli, wait_until
 
 SMALL = ("--results", "1500", "--batch", "300", "--reminders", "8", "--reminder-delay", "12s", "--lead", "4s",
          "--sms-rate", "300")
+
+
+def check_status_beside(summary: dict[str, Any]) -> None:
+    """`scheduler status`, read by the demo at the end, shows what the tasks did: the dead
+    task exactly, and every done task but those a killed worker had not yet counted."""
+    status = summary["status"]
+    for tenant, figures in summary["tenants"].items():
+        shown = status["tenants"][tenant]
+        assert shown["dead"] == figures["dead"], status
+        assert 0 <= figures["done"] - shown["done"] <= status["killed_worker_tasks"], status
+    assert status["agrees"] == (not status["differences"])
 
 
 def check_small_story(summary: dict[str, Any]) -> None:
@@ -35,18 +50,38 @@ def check_small_story(summary: dict[str, Any]) -> None:
     fairness = summary["fairness"]
     assert fairness["sms_rate_limit"] == 300 and fairness["reminders"] >= 8
     assert fairness["board_sms_per_s"] is not None
+    check_status_beside(summary)
 
 
 @pytest.mark.timeout(150)
 def test_a_small_demo_delivers_everything_and_says_so(tmp_path: Path) -> None:
+    """Run as a user runs it; while it plays, the status page it names answers and shows
+    the demo's tenants."""
     out = tmp_path / "summary.json"
-    result = run_cli("demo", *SMALL, "--json", str(out), "--dir", str(tmp_path / "run"),
-                     timeout_s=140)
-    assert result.returncode == Exit.OK, result.stdout + result.stderr
-    assert "all delivered, none lost: 13 of 13 tasks ended as expected" in result.stdout
-    assert "the other dispatcher holds all 64 shards" in result.stdout
+    with subprocess.Popen([sys.executable, "-m", "scheduler", "demo", *SMALL, "--json", str(out), "--dir",
+                           str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as demo:
+        assert demo.stdout is not None and demo.stderr is not None
+        first = demo.stdout.readline()
+        assert first.startswith("status page at http://127.0.0.1:"), first
+        url = first.split()[3]
+        page = wait_until(lambda: _page_with(url, "state-board"), timeout_s=60, interval_s=0.5,
+                          what="the demo's status page to show the board's tasks")
+        assert page is not None and 'data-tenant="state-board"' in page
+        stdout, stderr = demo.communicate(timeout=140)
+    assert demo.returncode == Exit.OK, first + stdout + stderr
+    assert "all delivered, none lost: 13 of 13 tasks ended as expected" in stdout
+    assert "the other dispatcher holds all 64 shards" in stdout
+    assert "scheduler status shows state-board " in stdout
     check_small_story(json.loads(out.read_text()))
-    assert not any(line.startswith("Traceback") for line in result.stdout.splitlines())
+    assert not any(line.startswith("Traceback") for line in stdout.splitlines())
+    with pytest.raises(urllib.error.URLError):  # the page closed with the demo
+        urllib.request.urlopen(url, timeout=5)
+
+
+def _page_with(url: str, text: str) -> str | None:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        page: str = response.read().decode()
+    return page if text in page else None
 
 
 @pytest.mark.parametrize(("args", "says"), [
