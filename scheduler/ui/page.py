@@ -11,6 +11,8 @@
     POST /dead-letters/replay  replays one letter (form fields: letter, token)
     GET  /healthz          "ok"
 
+A backend that fails a request (a server out of reach) answers 503 with what failed.
+
 Flask, because it is small, kept up to date, and brings Jinja's autoescaping templates;
 the page itself is server-rendered HTML. The replay form carries a token made when the
 page starts, so another site open in the same browser cannot post a replay to it.
@@ -130,5 +132,11 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
     @app.get("/healthz")
     def healthz() -> str:
         return "ok"
+
+    @app.errorhandler(SchedulerError)
+    def unavailable(error: SchedulerError) -> tuple[str, int]:
+        """A server out of reach (or a store that fails) is said on the page, as 503, and
+        the live part keeps its last numbers, marked stale, until it answers again."""
+        return render_template("unavailable.html", error=str(error)), 503
 
     return app

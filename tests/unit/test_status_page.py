@@ -113,3 +113,15 @@ def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(pa
     assert response.status_code == 403
     listing = page.get("/dead-letters").get_data(as_text=True)
     assert "0 waiting" in listing and "0 replayed" in listing
+
+
+def test_a_store_that_fails_is_said_on_the_page_as_503(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    with scheduler.connect(backend="embedded", db=db):
+        pass
+    with PageSource(backend_settings(backend="embedded", db=db)) as source:
+        client = create_app(source).test_client()
+        source.store.close()  # every read of it now fails
+        response = client.get("/task?id=01a244a5-3cd7-766c-b76a-50447abbfbc9")
+        assert response.status_code == 503
+        assert "cannot be read now" in response.get_data(as_text=True)
