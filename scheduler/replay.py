@@ -3,9 +3,13 @@ with a fresh series of attempts, and a marker appended to the dead-letter topic 
 letter is no longer listed (`scheduler.worker.dead_letters`). `scheduler dlq replay`
 and the status page's replay button both come here.
 
-Within one process replays are serialised, so a letter clicked twice is replayed once.
-Two processes replaying the same letter at the same moment can both submit it (each
-reads the topic before the other's marker lands): the letter then runs twice.
+The new task is submitted first and the marker appended after (tried `MARKER_TRIES`
+times): a failure in between leaves a task and a letter still listed, which is said
+("replayed as X, but still listed: do not replay it again"), rather than a letter
+marked and no task. Within one process replays are serialised, so a letter clicked
+twice is replayed once. Two processes replaying the same letter at the same moment can
+both submit it (each reads the topic before the other's marker lands): the letter
+then runs twice.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from scheduler.producer import Client
 from scheduler.worker.dead_letters import DeadLetter, Replayed, encode_replayed, waiting
 
 _lock = threading.Lock()
+MARKER_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -38,12 +43,13 @@ class ReplayOutcome:
         return self.problem is None
 
 
-def replay(client: Client, scanner: TopicScanner, publisher: Publisher, topic: str, names: Iterable[str] = (), *,
+def replay(client: Client | None, scanner: TopicScanner, publisher: Publisher, topic: str, names: Iterable[str] = (), *,
            every: bool = False, tenant: str | None = None, type_: str | None = None,
            dry_run: bool = False) -> list[ReplayOutcome]:
     """Replay the letters named (`partition:offset`), or with `every` all waiting letters
     of `tenant`/`type_` (None: any). One outcome per letter, in order. `client` submits
-    the new tasks: one from `scheduler.connect`, so they are counted as submitted."""
+    the new tasks: one from `scheduler.connect`, so they are counted as submitted (None
+    only for a `dry_run`)."""
     with _lock:
         letters, _, _ = waiting(scanner.scan(topic))
         by_name = {letter.letter: letter for letter in letters}
@@ -63,21 +69,29 @@ def replay(client: Client, scanner: TopicScanner, publisher: Publisher, topic: s
         return outcomes
 
 
-def _replay_one(client: Client, publisher: Publisher, topic: str, letter: DeadLetter,
+def _replay_one(client: Client | None, publisher: Publisher, topic: str, letter: DeadLetter,
                 dry_run: bool) -> ReplayOutcome:
     try:
         task = decode_message(letter.message).task
         payload = decode_payload(task.payload)
     except Exception as exc:  # InvalidMessage, or whatever msgpack raises on a bad payload
         return ReplayOutcome(letter.letter, None, f"cannot be replayed, its message is unreadable: {exc}", letter)
-    if dry_run:
+    if dry_run or client is None:
         return ReplayOutcome(letter.letter, None, None, letter)
     now = datetime.now(UTC)  # explicit: a keyed task needs one, and it names the new task
     try:
         new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
                                idempotency_key=task.idempotency_key, max_attempts=task.max_attempts, cost=task.cost)
-        publisher.publish(topic, [encode_replayed(Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))])
-        publisher.flush(30.0)
     except SchedulerError as exc:
         return ReplayOutcome(letter.letter, None, f"not replayed: {exc}", letter)
-    return ReplayOutcome(letter.letter, new_id, None, letter)
+    marker = encode_replayed(Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))
+    failure: Exception | None = None
+    for _ in range(MARKER_TRIES):
+        try:
+            publisher.publish(topic, [marker])
+            publisher.flush(30.0)
+            return ReplayOutcome(letter.letter, new_id, None, letter)
+        except SchedulerError as exc:
+            failure = exc
+    return ReplayOutcome(letter.letter, new_id, f"replayed as {new_id}, but the marker could not be written "
+                         f"({failure}), so the letter is still listed: do not replay it again", letter)

@@ -72,16 +72,17 @@ def readme_command() -> list[str]:
 
 
 @contextmanager
-def status_page(env: Mapping[str, str]) -> Iterator[str]:
+def status_page(env: Mapping[str, str], log: Path) -> Iterator[str]:
     """The README's `scheduler ui`, run as written, on any free port (`SCHEDULER_UI_LISTEN`,
     which the command reads), until the end, when SIGTERM must end it with exit 0. Yields
-    the address it prints."""
+    the address it prints; its stderr goes to `log` (a pipe nobody reads could fill and
+    stall it)."""
     command = readme_command()
-    with subprocess.Popen([sys.executable, "-m", "scheduler", *command[1:]],
-                          env={**env, "SCHEDULER_UI_LISTEN": "127.0.0.1:0"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as process:
-        stdout, stderr = process.stdout, process.stderr
-        assert stdout is not None and stderr is not None
+    with log.open("w") as errors, subprocess.Popen(
+            [sys.executable, "-m", "scheduler", *command[1:]], env={**env, "SCHEDULER_UI_LISTEN": "127.0.0.1:0"},
+            stdout=subprocess.PIPE, stderr=errors, text=True) as process:
+        stdout = process.stdout
+        assert stdout is not None
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(stdout.readline, "")), daemon=True)
         reader.start()
@@ -89,17 +90,17 @@ def status_page(env: Mapping[str, str]) -> Iterator[str]:
             first = wait_until(lambda: next((line for line in lines if "status page at " in line), None)
                                or (f"exited {process.returncode}" if process.poll() is not None else None),
                                timeout_s=60, what="scheduler ui to print its address")
-            assert first is not None and "status page at http://" in first, (first, stderr.read())
+            assert first is not None and "status page at http://" in first, (first, log.read_text())
             yield first.split("status page at ")[1].split()[0]
         finally:
             process.send_signal(signal.SIGTERM)
             try:
-                code = process.wait(30)
+                code: int | None = process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
-                raise
+                code = None
             reader.join(5)
-        assert code == 0, stderr.read()
+        assert code == 0, f"scheduler ui ended with {code}: {log.read_text()}"
 
 
 def _number(text: str) -> int:

@@ -59,7 +59,8 @@ def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, 
     with ExitStack() as stack:
         browser, url = None, ""
         if page:
-            url = stack.enter_context(status_page({**env, "SCHEDULER_TEST_SINK": str(workers.sink_path)}))
+            url = stack.enter_context(status_page({**env, "SCHEDULER_TEST_SINK": str(workers.sink_path)},
+                                                  tmp_path / "ui.log"))
             browser = stack.enter_context(browser_page())
         return _scenario(env, fleet, workers, tmp_path, timeout_s, browser, url)
 
@@ -135,7 +136,7 @@ def _scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, tmp_path: 
                        what=f"status to show {done} and no consumer lag")
     assert final is not None
     if browser is not None:
-        # The page, not reloaded, follows: its live part is fetched again every second.
+        # The page, not reloaded, follows: its live part is fetched again every 3 s.
         wait_until(lambda: status_page_shows(browser, done), timeout_s=timeout_s, interval_s=0.5,
                    what=f"the open status page to show {done}")
         assert navigations == [], navigations

@@ -4,6 +4,7 @@ as new tasks."""
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from datetime import timezone
 from pathlib import Path
 from typing import Any
@@ -94,8 +95,11 @@ def dlq_replay(letters: tuple[str, ...], replay_all: bool, tenant: str | None, t
     if not letters and not replay_all:
         raise click.UsageError("name the letters to replay (see `scheduler dlq list`) or pass --all")
     settings = backend_settings(backend, db, **options)
-    with connect(backend=settings.backend, db=settings.db, cassandra=settings.cassandra,
-                 kafka=settings.kafka) as client, backends.open_dead_letters(settings) as (scanner, publisher):
+    with ExitStack() as stack:
+        # A dry run submits nothing: no producer (and no Kafka hand-off) is opened for it.
+        client = None if dry_run else stack.enter_context(connect(
+            backend=settings.backend, db=settings.db, cassandra=settings.cassandra, kafka=settings.kafka))
+        scanner, publisher = stack.enter_context(backends.open_dead_letters(settings))
         outcomes = replay(client, scanner, publisher, settings.kafka.dead_letter_topic, letters,
                           every=replay_all, tenant=tenant, type_=type_, dry_run=dry_run)
     failed = 0

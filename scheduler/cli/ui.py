@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from scheduler.cli.options import Exit, backend_settings, parse_listen, store_options
-
-
-def _stop(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 @click.command()
@@ -42,12 +38,14 @@ def ui(listen: str, refresh_s: float, backend: str, db: Path, **options: Any) ->
         raise click.exceptions.Exit(Exit.FAILURE)
     try:
         server = PageServer(settings, host=host, port=port, refresh_s=refresh_s)
-    except OSError as exc:
-        raise click.BadParameter(f"cannot listen on {host}:{port}: {exc.strerror or exc}", param_hint="--listen") from None
-    signal.signal(signal.SIGTERM, _stop)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise click.BadParameter(f"cannot listen on {host}:{port}: {reason}", param_hint="--listen") from None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     with server:
-        click.echo(f"status page at {server.url} (Ctrl-C stops it)", err=False)
+        click.echo(f"status page at {server.url} (Ctrl-C stops it)")
         try:
-            server.wait()
+            server.wait(stop)
         except KeyboardInterrupt:
             pass

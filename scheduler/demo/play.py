@@ -108,9 +108,10 @@ def play(options: DemoOptions, console: Console) -> dict[str, Any]:
                 try:
                     page = PageServer(settings, host=options.page[0], port=options.page[1], refresh_s=2.0,
                                       title="results day").start()
-                except OSError as exc:
+                except (OSError, ValueError) as exc:
+                    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                     raise DemoFailure(f"cannot serve the status page on {options.page[0]}:{options.page[1]}: "
-                                      f"{exc.strerror or exc}") from None
+                                      f"{reason}") from None
                 stack.callback(page.close)
                 console.print(f"status page at {page.url} (open it to watch; it closes with the demo)",
                               highlight=False)

@@ -48,9 +48,10 @@ def _clock(minute_ms: int) -> str:
 
 
 def line_chart(title: str, minutes_ms: Sequence[int], series: Sequence[Series], unit: str = "",
-               floor: float = 10) -> str:
+               floor: float = 10, now_last: bool = True) -> str:
     """An SVG document fragment: `series` against `minutes_ms` (one value per minute), the
-    scale from 0 to at least `floor`."""
+    scale from 0 to at least `floor`. With `now_last` the last minute is the current one,
+    still filling: its label says "now"."""
     top = nice_ceiling(max((v for s in series for v in s.values if v is not None), default=0.0))
     top = max(top, floor)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -74,8 +75,9 @@ def line_chart(title: str, minutes_ms: Sequence[int], series: Sequence[Series], 
         last = len(minutes_ms) - 1
         for i in sorted({0, last // 2, last}):
             anchor = "start" if i == 0 else "end" if i == last else "middle"
+            label = "now" if i == last and now_last else _clock(minutes_ms[i])
             parts.append(f'<text class="tick" x="{x(i):.1f}" y="{HEIGHT - BOTTOM + 16}" text-anchor="{anchor}">'
-                         f"{_clock(minutes_ms[i])}</text>")
+                         f"{label}</text>")
     for s in series:
         run: list[str] = []
         runs = []

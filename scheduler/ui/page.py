@@ -14,16 +14,24 @@
 A backend that fails a request (a server out of reach) answers 503 with what failed.
 
 Flask, because it is small, kept up to date, and brings Jinja's autoescaping templates;
-the page itself is server-rendered HTML. The replay form carries a token made when the
-page starts, so another site open in the same browser cannot post a replay to it.
+the page itself is server-rendered HTML.
+
+What keeps another site open in the same browser from using the page: the replay form
+carries a token made when the page starts, and a POST from another origin is refused;
+on a loopback address only the loopback host names are answered (a hostile name
+re-pointed at 127.0.0.1 gets 400); no page may be framed (clickjacking), and nothing but
+the page's own files is loaded. A replay's outcome is kept on the server and named in
+the address by a random id, so a link cannot make the page claim one.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import secrets
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
@@ -54,9 +62,32 @@ def _duration(ms: float | None) -> str:
     return f"{ms / 1000:.1f} s" if ms >= 10_000 else f"{ms:.0f} ms"
 
 
-def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "scheduler") -> Flask:
+LOOPBACK_NAMES = ["localhost", "127.0.0.1", "::1", "[::1]"]
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+MAX_OUTCOMES = 100
+
+
+def trusted_hosts(host: str, address: str) -> list[str] | None:
+    """The Host names the page answers: on a loopback address the loopback names (and
+    `host` as given); elsewhere any (None), since the names it is reached by are not
+    known here."""
+    if ipaddress.ip_address(address).is_loopback:
+        return sorted({*LOOPBACK_NAMES, host})
+    return None
+
+
+def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "scheduler",
+               hosts: list[str] | None = None) -> Flask:
     app = Flask(__name__)
-    token = secrets.token_urlsafe(24)
+    if hosts is not None:
+        app.config["TRUSTED_HOSTS"] = hosts
+    token = secrets.token_urlsafe(24).encode()
+    outcomes: dict[str, dict[str, str | None]] = {}
     app.jinja_env.filters.update(clock=_clock, duration=_duration, num=lambda n: f"{n:,}")
     app.jinja_env.globals.update(STATES=STATES, SPANS=list(SPANS_MS), title=title, refresh_ms=int(refresh_s * 1000),
                                  backend=source.settings.backend)
@@ -112,26 +143,38 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
         tenant = request.args.get("tenant", "").strip() or None
         letters = source.dead_letters()
         shown = [letter for letter in letters.waiting if tenant is None or letter.tenant == tenant]
+        outcome = outcomes.get(request.args.get("outcome", ""))
         return render_template("dead_letters.html", letters=letters, shown=shown[:MAX_LETTERS], count=len(shown),
-                               tenant=tenant, token=token, replayed=request.args.get("replayed"),
-                               new=request.args.get("new"), problem=request.args.get("problem"))
+                               tenant=tenant, token=token.decode(), outcome=outcome)
 
     @app.post("/dead-letters/replay")
     def replay() -> Any:
-        if not hmac.compare_digest(request.form.get("token", ""), token):
+        origin = request.headers.get("Origin")
+        if origin is not None and urlsplit(origin).netloc != request.host:
+            abort(403, "a replay must come from this page, not another site")
+        if not hmac.compare_digest(request.form.get("token", "").encode(), token):
             abort(403, "this form is not from this page (reload the page and try again)")
         letter = request.form.get("letter", "")
         try:
-            outcome = source.replay(letter)
+            done = source.replay(letter)
+            outcome = {"letter": letter, "new": None if done.new_task_id is None else str(done.new_task_id),
+                       "problem": done.problem}
         except SchedulerError as exc:
-            return redirect(url_for("dead_letters", replayed=letter, problem=str(exc)), code=303)
-        if not outcome.ok:
-            return redirect(url_for("dead_letters", replayed=letter, problem=outcome.problem), code=303)
-        return redirect(url_for("dead_letters", replayed=letter, new=str(outcome.new_task_id)), code=303)
+            outcome = {"letter": letter, "new": None, "problem": f"not replayed: {exc}"}
+        if len(outcomes) >= MAX_OUTCOMES:
+            outcomes.clear()
+        key = secrets.token_urlsafe(8)
+        outcomes[key] = outcome
+        return redirect(url_for("dead_letters", outcome=key), code=303)
 
     @app.get("/healthz")
     def healthz() -> str:
         return "ok"
+
+    @app.after_request
+    def protect(response: Response) -> Response:
+        response.headers.update(SECURITY_HEADERS)
+        return response
 
     @app.errorhandler(SchedulerError)
     def unavailable(error: SchedulerError) -> tuple[str, int]:

@@ -7,32 +7,46 @@ share; its few threads are plenty for a page that a handful of people keep open.
 
 from __future__ import annotations
 
+import socket
 import threading
 from typing import Any
 
+from waitress import wasyncore
 from waitress.server import create_server
 
 from scheduler.backends import BackendSettings
 
-from .page import create_app
+from .page import create_app, trusted_hosts
 from .source import PageSource
+
+
+def resolve(host: str, port: int) -> str:
+    """One numeric address for `host` (`localhost` can name two, and the page listens on
+    one); `ValueError` if it names none."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ValueError(f"{host!r} names no address: {exc.strerror}") from None
+    return str(infos[0][4][0])
 
 
 class PageServer:
     """Serves the page for `settings` on `host:port` (port 0: any free port) until
-    `close()`. `url` is where to open it."""
+    `close()`. `url` is where to open it. `OSError` when the address cannot be listened
+    on, `ValueError` when `host` names no address."""
 
     def __init__(self, settings: BackendSettings, *, host: str = "127.0.0.1", port: int = 0,
                  refresh_s: float = 3.0, title: str = "scheduler") -> None:
+        address = resolve(host, port)
         self.source = PageSource(settings)
         try:
-            self._server: Any = create_server(create_app(self.source, refresh_s=refresh_s, title=title),
-                                              host=host, port=port, threads=4, ident="scheduler")
+            app = create_app(self.source, refresh_s=refresh_s, title=title, hosts=trusted_hosts(host, address))
+            self._server: Any = create_server(app, host=address, port=port, threads=4, ident="scheduler")
         except BaseException:
             self.source.close()
             raise
-        shown_host = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown_host}:{self.port}/"
+        shown = f"[{address}]" if ":" in address else address
+        self.url = f"http://{shown}:{self.port}/"
         self._thread = threading.Thread(target=self._server.run, name="status-page", daemon=True)
 
     @property
@@ -44,15 +58,18 @@ class PageServer:
         self._thread.start()
         return self
 
-    def wait(self) -> None:
-        """Until the server stops (`close()` from another thread, or a signal's handler)."""
-        while self._thread.is_alive():
-            self._thread.join(0.5)
+    def wait(self, stop: threading.Event) -> None:
+        """Until `stop` is set or the server ends."""
+        while self._thread.is_alive() and not stop.wait(0.5):
+            pass
 
     def close(self) -> None:
-        self._server.close()
+        """Stop listening, end every open connection (a browser keeps one) and the
+        request threads, then close the stores: no request runs on a closed store."""
+        self._server.task_dispatcher.shutdown()
+        wasyncore.close_all(self._server._map)
         if self._thread.is_alive():
-            self._thread.join(5)
+            self._thread.join(10)
         self.source.close()
 
     def __enter__(self) -> PageServer:

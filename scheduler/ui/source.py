@@ -25,6 +25,10 @@ from scheduler.visibility.status import Status, read_status
 from scheduler.worker.dead_letters import DeadLetter, waiting
 
 STATUS_TTL_S = 2.0
+LAG_TTL_S = 5.0
+LAG_RETRY_S = 30.0
+"""After the queue failed to say its consumer lag, the page says "not known" for this
+long before asking again: a queue out of reach must not make every refresh wait on it."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class PageSource:
             raise
         self._lock = threading.Lock()
         self._cache: dict[tuple[str | None, str | None, int], tuple[float, Status, bool]] = {}
+        self._lag_lock = threading.Lock()
+        self._lag: tuple[float, dict[str, int] | None] = (float("-inf"), None)
 
     def close(self) -> None:
         self._stack.close()
@@ -63,16 +69,28 @@ class PageSource:
             cached = self._cache.get(key)
             if cached is not None and time.monotonic() - cached[0] < STATUS_TTL_S:
                 return cached[1], cached[2]
-            try:
-                lag: dict[str, int] | None = backends.consumer_lag(self.settings)
-            except QueueError:
-                lag = None  # the page says the lag is not known
+            lag = self.consumer_lag()
             status = read_status(self.store, self.counts, since_ms=since_ms, tenant=tenant, type_=type_,
                                  consumer_lag=lag, minute_lateness=True)
             if len(self._cache) > 64:
                 self._cache.clear()
             self._cache[key] = (time.monotonic(), status, lag is not None)
             return status, lag is not None
+
+    def consumer_lag(self) -> dict[str, int] | None:
+        """Ready topic -> messages behind, None when the queue cannot say (kept
+        `LAG_TTL_S`, and a failure `LAG_RETRY_S`)."""
+        with self._lag_lock:
+            at, lag = self._lag
+            age = time.monotonic() - at
+            if age < (LAG_TTL_S if lag is not None else LAG_RETRY_S):
+                return lag
+            try:
+                lag = backends.consumer_lag(self.settings)
+            except (QueueError, TimeoutError):  # a slow broker can time a request's future out
+                lag = None
+            self._lag = (time.monotonic(), lag)
+            return lag
 
     def task(self, task_id: TaskId) -> tuple[StoredTask | None, list[AttemptRecord]]:
         stored = self.store.get(task_id)
@@ -81,6 +99,8 @@ class PageSource:
         return stored, [AttemptRecord.decode(n, text) for n, text in sorted(self.store.attempts(task_id).items())]
 
     def dead_letters(self) -> DeadLetters:
+        if self.settings.backend == "embedded" and not self.settings.queue_path.exists():
+            return DeadLetters([], 0, 0)  # nothing was ever queued: do not create the queue's file
         with backends.open_dead_letters(self.settings) as (scanner, _):
             letters, replayed, unreadable = waiting(scanner.scan(self.settings.kafka.dead_letter_topic))
         return DeadLetters(letters, len(replayed), unreadable)

@@ -5,22 +5,34 @@ and tests/integration/test_status_cluster.py."""
 
 from __future__ import annotations
 
+import http.client
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
+from urllib.parse import urlsplit
 
 import pytest
 from flask.testing import FlaskClient
 
 import scheduler
+from scheduler import backends
+from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.connecting import backend_settings
+from scheduler.errors import QueueError
+from scheduler.model import Task, TaskId, encode_message, encode_payload
+from scheduler.ports import Publisher
+from scheduler.replay import replay
 from scheduler.ui.charts import HEIGHT, TOP, Series, line_chart, nice_ceiling
-from scheduler.ui.page import create_app
+from scheduler.ui.page import create_app, trusted_hosts
+from scheduler.ui.serving import PageServer
 from scheduler.ui.source import PageSource
 from scheduler.ui.views import overview, shard_owners, state_rows
 from scheduler.visibility.counts import Levels
 from scheduler.visibility.status import Lateness, ShardRow, Status
+from scheduler.worker.dead_letters import DeadLetter, encode_dead_letter
 
 NO_LATENESS = {kind: Lateness(kind, 0, None, None, None) for kind in ("fire", "start")}
 
@@ -108,11 +120,110 @@ def test_bad_requests_get_a_clear_answer(page: FlaskClient, path: str, code: int
     assert response.status_code == code and says in response.get_data(as_text=True)
 
 
-def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(page: FlaskClient) -> None:
-    response = page.post("/dead-letters/replay", data={"letter": "0:0", "token": "guessed"})
+def park_a_dead_letter(db: Path, tenant: str = "beta") -> TaskId:
+    """A dead letter on the embedded dead-letter topic, as a worker parks one; its task's id."""
+    settings = backend_settings(backend="embedded", db=db)
+    task = Task(TaskId.new(1_796_000_000_000), tenant, "sms", encode_payload({"to": "+91"}), 1_796_000_000_000)
+    queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+    try:
+        publisher = queue.publisher()
+        publisher.publish(settings.kafka.dead_letter_topic, [encode_dead_letter(DeadLetter(
+            encode_message(task, 1), task.id, task.tenant, task.type, 3, "attempts exhausted", "boom",
+            "ready.normal", 1_796_000_001_000))])
+        publisher.flush(10)
+    finally:
+        queue.close()
+    return task.id
+
+
+def page_token(client: FlaskClient) -> str:
+    found = re.search(r'name="token" value="([^"]+)"', client.get("/dead-letters").get_data(as_text=True))
+    assert found, "the dead-letter page has no replay form"
+    return found.group(1)
+
+
+@pytest.fixture
+def letter_page(tmp_path: Path) -> Iterator[tuple[FlaskClient, PageSource, TaskId]]:
+    db = tmp_path / "tasks.db"
+    with scheduler.connect(backend="embedded", db=db):
+        pass
+    dead = park_a_dead_letter(db)
+    with PageSource(backend_settings(backend="embedded", db=db)) as source:
+        yield create_app(source).test_client(), source, dead
+
+
+def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(
+        letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
+    client, source, dead = letter_page
+    for token in ("guessed", "é"):
+        response = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token})
+        assert response.status_code == 403
+    listing = client.get("/dead-letters").get_data(as_text=True)
+    assert f'data-task="{dead}"' in listing and "1 waiting" in listing and "0 replayed" in listing
+
+
+def test_a_replay_from_another_site_is_refused(letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
+    client, _, dead = letter_page
+    response = client.post("/dead-letters/replay", data={"letter": "0:0", "token": page_token(client)},
+                           headers={"Origin": "https://evil.example"})
     assert response.status_code == 403
-    listing = page.get("/dead-letters").get_data(as_text=True)
-    assert "0 waiting" in listing and "0 replayed" in listing
+    assert f'data-task="{dead}"' in client.get("/dead-letters").get_data(as_text=True)
+
+
+def test_a_letter_replayed_twice_is_one_new_task(letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
+    client, source, dead = letter_page
+    token = page_token(client)
+    first = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token}, follow_redirects=True)
+    page = first.get_data(as_text=True)
+    found = re.search(r'data-new-task="([^"]+)"', page)
+    assert found and f'data-task="{dead}"' not in page
+    stored = source.store.get(TaskId.parse(found.group(1)))
+    assert stored is not None and (stored.task.tenant, stored.task.type) == ("beta", "sms")
+    again = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token}, follow_redirects=True)
+    assert "no such waiting letter" in again.get_data(as_text=True)
+    assert "1 replayed" in again.get_data(as_text=True)
+
+
+def test_a_marker_that_cannot_be_written_says_the_task_was_submitted(tmp_path: Path) -> None:
+    """The new task is kept and named; the letter stays listed, with a warning not to
+    replay it again (a failed flush of the real embedded publisher)."""
+    db = tmp_path / "tasks.db"
+    dead = park_a_dead_letter(db)
+    settings = backend_settings(backend="embedded", db=db)
+
+    class FailingFlush:
+        def __init__(self, real: Publisher) -> None:
+            self.real = real
+
+        def publish(self, topic: str, messages: Sequence[bytes], key: bytes | None = None) -> None:
+            self.real.publish(topic, messages)
+
+        def flush(self, timeout_s: float) -> None:
+            raise QueueError("the queue did not take the marker")
+
+    with scheduler.connect(backend="embedded", db=db) as client, backends.open_dead_letters(settings) as (
+            scanner, publisher):
+        (outcome,) = replay(client, scanner, cast(Publisher, FailingFlush(publisher)),
+                            settings.kafka.dead_letter_topic, ["0:0"])
+        assert outcome.new_task_id is not None and client.get(outcome.new_task_id) is not None
+        assert outcome.problem is not None and "do not replay it again" in outcome.problem
+    assert outcome.letter_info is not None and outcome.letter_info.task_id == dead
+
+
+def test_on_loopback_only_loopback_names_are_answered(tmp_path: Path) -> None:
+    """A hostile name re-pointed at 127.0.0.1 (DNS rebinding) gets 400; every answer
+    forbids framing."""
+    db = tmp_path / "tasks.db"
+    with scheduler.connect(backend="embedded", db=db):
+        pass
+    with PageSource(backend_settings(backend="embedded", db=db)) as source:
+        app = create_app(source, hosts=trusted_hosts("127.0.0.1", "127.0.0.1"))
+        ok = app.test_client().get("/healthz", base_url="http://127.0.0.1:8470")
+        assert ok.status_code == 200 and ok.headers["X-Frame-Options"] == "DENY"
+        assert "frame-ancestors 'none'" in ok.headers["Content-Security-Policy"]
+        assert app.test_client().get("/healthz", base_url="http://localhost:8470").status_code == 200
+        assert app.test_client().get("/healthz", base_url="http://evil.example:8470").status_code == 400
+    assert trusted_hosts("0.0.0.0", "0.0.0.0") is None
 
 
 def test_a_store_that_fails_is_said_on_the_page_as_503(tmp_path: Path) -> None:
@@ -125,3 +236,29 @@ def test_a_store_that_fails_is_said_on_the_page_as_503(tmp_path: Path) -> None:
         response = client.get("/task?id=01a244a5-3cd7-766c-b76a-50447abbfbc9")
         assert response.status_code == 503
         assert "cannot be read now" in response.get_data(as_text=True)
+
+
+@pytest.mark.timeout(60)
+def test_the_server_stops_with_a_browser_s_connection_open(tmp_path: Path) -> None:
+    """`localhost` (which can name two addresses) is served on one; `close()` ends an open
+    keep-alive connection and the request threads, then closes the stores."""
+    db = tmp_path / "tasks.db"
+    with scheduler.connect(backend="embedded", db=db):
+        pass
+    server = PageServer(backend_settings(backend="embedded", db=db), host="localhost", port=0).start()
+    try:
+        connection = http.client.HTTPConnection(urlsplit(server.url).hostname or "", server.port, timeout=10)
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b"ok"
+    finally:
+        began = time.monotonic()
+        server.close()
+    assert time.monotonic() - began < 5
+    assert not server._thread.is_alive()
+    connection.close()
+
+
+def test_an_address_that_names_nothing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="names no address"):
+        PageServer(backend_settings(backend="embedded", db=tmp_path / "tasks.db"), host="no-such-host.invalid")
