@@ -35,7 +35,19 @@ def _ms(value: float | None) -> str:
     return f"{value / 1000:.1f} s" if value >= 10_000 else f"{value:.0f} ms"
 
 
-def render(status: Status, *, all_shards: bool) -> list[str]:
+UNFINISHED = ("waiting", "queued", "running", "retrying")
+
+
+def busiest_first(status: Status) -> list[tuple[tuple[str, str], dict[str, int]]]:
+    """The (tenant, type) rows, those with the most tasks not yet finished first, then the
+    most tasks, then by name: the rows an operator looks for when thousands are shown."""
+    rows = [(pair, lv.as_dict()) for pair, lv in status.levels.items()]
+    rows.sort(key=lambda row: (-sum(row[1][s] for s in UNFINISHED), -sum(row[1].values()), row[0]))
+    return rows
+
+
+def render(status: Status, *, all_shards: bool, limit: int = 0) -> list[str]:
+    """The status as lines; at most `limit` (tenant, type) rows, the busiest (0: all)."""
     lines = [f"status at {_time(status.at_ms)}"
              + (f"; counts written up to {_ms(status.stalest_ms)} ago" if status.stalest_ms is not None else
                 "; no live process has written counts")]
@@ -43,13 +55,17 @@ def render(status: Status, *, all_shards: bool) -> list[str]:
                                        f"type {status.type}" if status.type else "") if part)
     lines += ["", f"tasks by state{' (' + scope + ')' if scope else ''}:"]
     header = ["tenant", "type", *STATES]
-    rows = [[tenant, type_, *(f"{lv.as_dict()[state]:,}" for state in STATES)]
-            for (tenant, type_), lv in status.levels.items()]
+    ordered = busiest_first(status)
+    shown = ordered[:limit] if limit else ordered
+    rows = [[tenant, type_, *(f"{states[state]:,}" for state in STATES)] for (tenant, type_), states in shown]
     rows.append(["all", "", *(f"{status.total.as_dict()[state]:,}" for state in STATES)])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  " + "  ".join(str(cell).ljust(widths[i]) if i < 2 else str(cell).rjust(widths[i])
                                       for i, cell in enumerate(row)))
+    if len(shown) < len(ordered):
+        lines.append(f"  ({len(ordered) - len(shown):,} more rows, with fewer tasks: --tenant T or "
+                     "--type X to narrow, --limit 0 for all, --json for everything)")
     since_min = status.since_ms // 60_000
     sums = {event: sum(events[event] for _, events in status.per_minute) for event in SHOWN_EVENTS}
     busiest = max(status.per_minute, key=lambda m: m[1]["fired"] + m[1]["refired"], default=None)
@@ -109,10 +125,13 @@ def render(status: Status, *, all_shards: bool) -> list[str]:
 @click.option("--since", "since", default="1h", show_default=True,
               help="How far back the minute-by-minute figures go: 90s, 15m, 1h, 1d (at most 2d).")
 @click.option("--shards", "all_shards", is_flag=True, help="List every shard with its owner, token and cursor.")
+@click.option("--limit", "limit", type=click.IntRange(0), default=20, show_default=True,
+              help="Show at most this many (tenant, type) rows, those with the most tasks not yet finished first "
+              "(0: all). The totals always count every row; --json has every row.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @store_options
-def status(tenant: str | None, type_: str | None, since: str, all_shards: bool, as_json: bool, backend: str, db: Path,
-           **options: Any) -> None:
+def status(tenant: str | None, type_: str | None, since: str, all_shards: bool, limit: int, as_json: bool,
+           backend: str, db: Path, **options: Any) -> None:
     """Show tasks by tenant, type and state (waiting, queued, running, retrying, done,
     dead, cancelled), the last minutes' events and lateness, the shards and the live
     dispatchers, workers and producers. Reads only the counts the processes write every
@@ -139,6 +158,6 @@ def status(tenant: str | None, type_: str | None, since: str, all_shards: bool, 
         document["read_ms"] = round(took_ms, 1)
         click.echo(json.dumps(document))
         return
-    for line in render(result, all_shards=all_shards):
+    for line in render(result, all_shards=all_shards, limit=limit):
         click.echo(line)
     click.echo(f"\n(read in {took_ms:.0f} ms)")

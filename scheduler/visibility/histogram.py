@@ -16,9 +16,19 @@ from collections.abc import Iterable, Sequence
 
 BOUNDS_MS: tuple[int, ...] = (
     1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200, 250, 300, 400, 500, 600, 700, 800, 900,
+    1_000, 1_500, 2_000, 2_500, 3_000, 4_000, 5_000, 6_000, 7_500, 10_000, 12_500, 15_000, 20_000, 25_000,
+    30_000, 40_000, 50_000, 60_000, 90_000, 120_000, 300_000, 600_000, 1_800_000,
+)
+"""Upper bounds (inclusive, in ms) of the buckets; one more bucket holds what is above the
+last. From 1 s to 2 min no bucket is wider than half its lower bound, so a p99 of 10.6 s
+reads between 10 and 12.5 s, not anywhere up to 20 s."""
+
+FORMER_BOUNDS_MS: tuple[int, ...] = (
+    1, 2, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200, 250, 300, 400, 500, 600, 700, 800, 900,
     1_000, 1_500, 2_000, 3_000, 5_000, 10_000, 20_000, 30_000, 60_000, 120_000, 300_000, 600_000, 1_800_000,
 )
-"""Upper bounds (inclusive, in ms) of the buckets; one more bucket holds what is above the last."""
+"""The bounds rows written before the finer ones (kept 2 days) have; every one of them
+is one of `BOUNDS_MS`, so such a row reads into the bucket with its upper bound."""
 
 
 class LatencyHistogram:
@@ -69,6 +79,17 @@ class LatencyHistogram:
         counts[-1] += n - below
         past = bisect_left(times, now_ms)  # the times before now_ms: the positive values
         self.sum_ms += past * now_ms - sum(times[:past])
+
+    @classmethod
+    def stored(cls, counts: Sequence[int], sum_ms: int) -> LatencyHistogram:
+        """A histogram as a count store keeps it: with `BOUNDS_MS`'s buckets, or with
+        `FORMER_BOUNDS_MS`'s (each count goes to the bucket of the same upper bound)."""
+        if len(counts) == len(FORMER_BOUNDS_MS) + 1:
+            moved = [0] * (len(BOUNDS_MS) + 1)
+            for bound, n in zip((*FORMER_BOUNDS_MS, None), counts, strict=True):
+                moved[len(BOUNDS_MS) if bound is None else BOUNDS_MS.index(bound)] += n
+            counts = moved
+        return cls(counts, sum_ms)
 
     def merge(self, other: LatencyHistogram) -> None:
         for i, n in enumerate(other.counts):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.visibility.histogram import BOUNDS_MS, LatencyHistogram
+from scheduler.visibility.histogram import BOUNDS_MS, FORMER_BOUNDS_MS, LatencyHistogram
 
 
 def test_a_value_on_a_bound_counts_in_that_bound_s_bucket() -> None:
@@ -87,3 +87,23 @@ def test_adding_elapsed_times_on_the_bounds() -> None:
     h.add_elapsed(10_000, [10_000 - bound for bound in BOUNDS_MS] + [10_001])
     assert h.counts[:len(BOUNDS_MS)] == [2] + [1] * (len(BOUNDS_MS) - 1)  # 10_001 is -1 ms: the first bucket
     assert h.counts[-1] == 0 and h.sum_ms == sum(BOUNDS_MS)
+
+
+def test_a_row_with_the_former_buckets_reads_into_the_buckets_of_the_same_bounds() -> None:
+    former = [0] * (len(FORMER_BOUNDS_MS) + 1)
+    former[FORMER_BOUNDS_MS.index(20_000)] = 7  # (10 s, 20 s] before
+    former[-1] = 2  # above 30 min
+    read = LatencyHistogram.stored(former, 150_000)
+    assert read.total == 9 and read.sum_ms == 150_000
+    assert read.counts[BOUNDS_MS.index(20_000)] == 7 and read.counts[-1] == 2
+    quantile = read.quantile(0.5)
+    assert quantile is not None and 15_000 <= quantile <= 20_000  # within the bucket it now sits in
+    assert LatencyHistogram.stored(read.counts, 1).counts == read.counts
+    assert set(FORMER_BOUNDS_MS) <= set(BOUNDS_MS)
+
+
+def test_a_p99_of_ten_seconds_reads_within_a_quarter_of_it() -> None:
+    histogram = LatencyHistogram()
+    histogram.add_many([5_000] * 9_800 + [10_300] * 150 + [10_600] * 50)
+    p99 = histogram.quantile(0.99)
+    assert p99 is not None and 10_000 <= p99 <= 12_500

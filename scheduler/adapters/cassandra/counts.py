@@ -225,7 +225,7 @@ class CassandraCountStore:
         hours = range(_hour_of_minute(first_minute), _hour_of_minute(last_minute) + 1)
         rows = self._read("lateness read", [self._q["read_lateness"].bind((h, kind, first_minute, last_minute))
                                             for h in hours])
-        return [LatenessRow(r[0], kind, r[1], LatencyHistogram(list(r[2] or []), r[3] or 0)) for r in rows]
+        return [LatenessRow(r[0], kind, r[1], LatencyHistogram.stored(list(r[2] or []), r[3] or 0)) for r in rows]
 
     def close(self) -> None:
         """Nothing: the session is the task store's."""

@@ -176,7 +176,7 @@ class SqliteCountStore:
             "WHERE hour BETWEEN ? AND ? AND kind = ? AND minute BETWEEN ? AND ?",
             (first_minute * MINUTE_MS // HOUR_MS, last_minute * MINUTE_MS // HOUR_MS, kind, first_minute,
              last_minute))
-        return [LatenessRow(int(r[0]), kind, str(r[1]), LatencyHistogram(json.loads(str(r[2])), int(r[3])))
+        return [LatenessRow(int(r[0]), kind, str(r[1]), LatencyHistogram.stored(json.loads(str(r[2])), int(r[3])))
                 for r in rows]
 
     def close(self) -> None:
