@@ -52,6 +52,7 @@ the read.
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -97,7 +98,9 @@ class CountRow:
 
 
 def add_values(a: Values, b: Values) -> Values:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
+    if len(a) != len(b):
+        raise ValueError(f"event counts of {len(a)} and {len(b)} events cannot be added")
+    return tuple(map(operator.add, a, b))  # in C: a status adds up tens of thousands of rows
 
 
 class EventCounter:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from cassandra.cluster import NoHostAvailable
 from cassandra.query import BoundStatement, PreparedStatement
@@ -96,6 +96,15 @@ def packers_for(statement: PreparedStatement, name: str) -> list[Callable[[Any],
     return packers
 
 
+def _values(cells: Sequence[int | None]) -> tuple[int, ...]:
+    """Event counts as read: a row is written whole, so a null (an event column added
+    after it was written) is rare, and only then is the row copied to replace it."""
+    values = tuple(cells)
+    if None in values:
+        return tuple(v or 0 for v in values)
+    return cast(tuple[int, ...], values)
+
+
 def _hour_of_minute(minute: int) -> int:
     return minute * MINUTE_MS // HOUR_MS
 
@@ -173,13 +182,13 @@ class CassandraCountStore:
 
     def read_hours(self, hours: Sequence[int]) -> list[CountRow]:
         rows = self._read("hours read", [self._q["read_hour"].bind((hour,)) for hour in hours])
-        return [CountRow(r[0], r[1], r[2], r[3], tuple(v or 0 for v in r[4:])) for r in rows]
+        return [CountRow(r[0], r[1], r[2], r[3], _values(r[4:])) for r in rows]
 
     def read_minutes(self, first_minute: int, last_minute: int, tenant: str) -> list[CountRow]:
         hours = range(_hour_of_minute(first_minute), _hour_of_minute(last_minute) + 1)
         rows = self._read("minutes read", [self._q["read_minutes"].bind((h, tenant, first_minute, last_minute))
                                            for h in hours])
-        return [CountRow(r[0], r[1], r[2], r[3], tuple(v or 0 for v in r[4:])) for r in rows]
+        return [CountRow(r[0], r[1], r[2], r[3], _values(r[4:])) for r in rows]
 
     # -- snapshots --------------------------------------------------------------------
 
@@ -192,7 +201,7 @@ class CassandraCountStore:
             return None
         hour = latest[0]
         rows = self._read("snapshot read", [self._q["read_snapshot"].bind((hour,))])
-        return hour, {(r[0], r[1]): tuple(v or 0 for v in r[2:]) for r in rows}
+        return hour, {(r[0], r[1]): _values(r[2:]) for r in rows}
 
     def write_snapshot(self, hour: int, totals: Mapping[Pair, Values], drop: int | None) -> None:
         self._write_rows("snapshot write", "write_snapshot",
