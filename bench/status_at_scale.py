@@ -10,9 +10,9 @@ reading, printing): the wall time of each, and the read time it reports (`read_m
 opening the store to the answer). Then `--tasks` tasks (default 10,000,000) are
 submitted through the producer SDK (`scheduler.connect`, so each is counted as
 submitted, as an application's are) from `--processes` processes, for `--tenants`
-tenants (80% to one board, the rest over colleges) and `--types` task types, due over
-the days after tomorrow (the dispatcher has nothing to fire meanwhile), and the same
-runs are timed again. The status must show every task waiting.
+tenants (80% to one board, the rest over colleges) and `--types` task types, due in
+time order over the day after tomorrow (the dispatcher has nothing to fire meanwhile),
+and the same runs are timed again. The status must show every task waiting.
 
 What a status reads does not grow with the tasks: it grows with the (writer, tenant,
 type) rows of the hours since the last fold, so `--tenants`, `--types` and
@@ -33,6 +33,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,19 +58,26 @@ DAY_MS = 86_400_000
 TYPES = ("sms", "email", "reminder", "report")
 
 
-def submissions(first: int, count: int, tenants: int, types: int, start_ms: int,
+def submissions(first: int, count: int, total: int, tenants: int, types: int, start_ms: int,
                 days: int) -> Iterator[Submission]:
-    """Tasks `first` .. `first + count - 1`: spread evenly over `days` days from `start_ms`."""
-    span = days * DAY_MS
+    """Tasks `first` .. `first + count - 1` of `total`, in time order over `days` days
+    from `start_ms`: neighbours share a minute, so the SDK's batches fill partitions as
+    an application's do (tasks scattered over a week would make every batch touch
+    hundreds of partitions, and the fill would measure that instead)."""
+    step = days * DAY_MS / total
+    moments: dict[int, datetime] = {}
     for n in range(first, first + count):
         tenant = "board" if n % 5 else f"college-{(n // 5) % max(tenants - 1, 1):05d}"
-        run_at = start_ms + (n * 7_919) % span
+        run_at = start_ms + int(n * step)
+        moment = moments.get(run_at) or moments.setdefault(run_at, datetime.fromtimestamp(run_at / 1000, UTC))
+        if len(moments) > 10_000:
+            moments.clear()
         yield Submission(TYPES[n % types], {"to": f"+9198{n % 10**8:08d}", "text": "Your result is out."},
-                         tenant=tenant, run_at=datetime.fromtimestamp(run_at / 1000, UTC))
+                         tenant=tenant, run_at=moment)
 
 
-def fill_share(env: dict[str, str], first: int, count: int, tenants: int, types: int, start_ms: int, days: int,
-               done: Any) -> None:
+def fill_share(env: dict[str, str], first: int, count: int, total: int, tenants: int, types: int, start_ms: int,
+               days: int, done: Any) -> None:
     os.environ.update(env)
     import scheduler
 
@@ -82,7 +90,7 @@ def fill_share(env: dict[str, str], first: int, count: int, tenants: int, types:
                 done.value += report.stored - last
             last = report.stored
 
-        report = client.submit_many(submissions(first, count, tenants, types, start_ms, days), keep_ids=False,
+        report = client.submit_many(submissions(first, count, total, tenants, types, start_ms, days), keep_ids=False,
                                     progress=progress)
         if report.stored != count:
             raise SystemExit(f"stored {report.stored} of {count}: {report.failed[:1] or report.rejected[:1]}")
@@ -94,16 +102,22 @@ def fill(env: dict[str, str], tasks: int, processes: int, tenants: int, types: i
     start_ms = (time.time_ns() // 1_000_000 // DAY_MS + 2) * DAY_MS
     shares = [tasks // processes + (1 if n < tasks % processes else 0) for n in range(processes)]
     firsts = [sum(shares[:n]) for n in range(processes)]
-    workers = [context.Process(target=fill_share, args=(env, first, count, tenants, types, start_ms, 7, done))
+    workers = [context.Process(target=fill_share, args=(env, first, count, tasks, tenants, types, start_ms, 1, done))
                for first, count in zip(firsts, shares, strict=True)]
     began = time.monotonic()
     for worker in workers:
         worker.start()
-    while any(worker.is_alive() for worker in workers):
-        time.sleep(5)
-        elapsed = time.monotonic() - began
-        print(f"  filled {done.value:,} of {tasks:,} in {elapsed:.0f} s ({done.value / elapsed:,.0f}/s)",
-              file=sys.stderr)
+    try:
+        while any(worker.is_alive() for worker in workers):
+            time.sleep(5)
+            elapsed = time.monotonic() - began
+            print(f"  filled {done.value:,} of {tasks:,} in {elapsed:.0f} s ({done.value / elapsed:,.0f}/s)",
+                  file=sys.stderr)
+    finally:
+        for worker in workers:  # interrupted: no fill process outlives the bench
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(10)
     if any(worker.exitcode for worker in workers):
         raise SystemExit("a fill process failed")
     return time.monotonic() - began
@@ -139,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the JSON document here")
     parser.add_argument("--keep", action="store_true", help="keep the keyspace, topics and ZooKeeper root")
     options = parser.parse_args(argv)
+    # SIGTERM ends the bench through its cleanup (the dispatcher stopped, the keyspace dropped).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
     deployment = Deployment.fresh("status_at_scale")
     env = deployment.env()
