@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from scheduler.adapters.embedded.queue import SqliteQueue
+from scheduler.adapters.kafka.topics import watermark_offsets
 from scheduler.ports import HandoffLog, HandoffReader, HandoffRecord, Publisher
 from scheduler.settings import KafkaSettings
 from tests.cluster import unique_name
@@ -96,7 +97,7 @@ def read_kafka_topic(settings: KafkaSettings, topic: str) -> list[bytes]:
                          "enable.auto.commit": False})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+        ends = {p: watermark_offsets(consumer, settings, topic, p)[1] for p in partitions}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions if ends[p] > 0])
         values: dict[int, list[bytes]] = defaultdict(list)
         next_offset = dict.fromkeys(partitions, 0)

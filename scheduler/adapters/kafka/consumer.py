@@ -59,7 +59,7 @@ from confluent_kafka import (
 )
 
 from scheduler.adapters.kafka.errors import ClientErrors
-from scheduler.adapters.kafka.topics import list_topics, unavailable
+from scheduler.adapters.kafka.topics import list_topics, watermark_offsets
 from scheduler.errors import ConfigError, QueueError
 from scheduler.ports import Delivery, TopicPartition
 from scheduler.settings import KafkaSettings
@@ -370,12 +370,7 @@ class KafkaTopicScanner:
         ends: dict[int, int] = {}
         starts: list[KafkaPartition] = []
         for number in sorted(metadata.partitions):
-            try:
-                low, high = consumer.get_watermark_offsets(
-                    KafkaPartition(topic, number), timeout=self.settings.connect_timeout_s
-                )
-            except KafkaException as exc:
-                raise unavailable(self.settings, self.settings.connect_timeout_s, exc.args[0]) from exc
+            low, high = watermark_offsets(consumer, self.settings, topic, number)
             if limit is not None:
                 high = min(high, low + limit)
             if high > low:

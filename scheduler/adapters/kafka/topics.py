@@ -22,7 +22,7 @@ import logging
 import time
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
@@ -30,6 +30,9 @@ from scheduler.model import check_shard_count
 from scheduler.settings import READY_TOPICS, KafkaSettings
 
 log = logging.getLogger(__name__)
+
+WATERMARK_RETRY_S = 0.2
+"""Pause between asks for a partition's watermarks while it has no leader."""
 
 USE_BROKER_DEFAULT = -1
 """Replication factor -1: the broker's `default.replication.factor`."""
@@ -123,6 +126,30 @@ def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = 
     except KafkaException as exc:
         raise unavailable(settings, timeout, exc) from exc
     return metadata
+
+
+def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int) -> tuple[int, int]:
+    """The (low, high) watermarks of one partition, asked of its leader.
+
+    A partition can be briefly without a leader the broker knows of, just after its topic
+    was made or while a broker that led it restarts; the answer is then a retriable
+    error (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again until
+    `connect_timeout_s` has passed. Anything else, or no answer in time, is
+    `QueueUnavailable`."""
+    deadline = time.monotonic() + settings.connect_timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=max(remaining, 0.1)
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            retriable = isinstance(error, KafkaError) and error.retriable()
+            if not retriable or time.monotonic() + WATERMARK_RETRY_S >= deadline:
+                raise unavailable(settings, settings.connect_timeout_s, error) from exc
+        time.sleep(WATERMARK_RETRY_S)
 
 
 def unavailable(settings: KafkaSettings, timeout_s: float, cause: object) -> QueueUnavailable:
