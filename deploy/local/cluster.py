@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
-"""Fetch, start, stop and inspect a single-node local Cassandra, Kafka (KRaft) and ZooKeeper.
+"""Fetch, start, stop and inspect a local Cassandra, Kafka (KRaft) and ZooKeeper: one node
+of each (the default), or three (``--nodes 3``) as production runs them.
 
-The three servers run as plain JVM processes from Maven Central jars. Owns, under the
-cluster dir (SCHEDULER_CLUSTER_DIR, default ``<repo>/.cluster``):
+The servers run as plain JVM processes from Maven Central jars. A single node of each
+listens on 127.0.0.1; three nodes listen on 127.0.1.1, 127.0.1.2 and 127.0.1.3 (see
+servers.py), so both clusters can run at once, and are named ``cassandra-1`` ...
+``zookeeper-3``: ``stop``, ``kill``, ``start`` and ``restart`` take one node by name
+(``--only kafka-2``), or every node of a server (``--only kafka``). ``env`` prints the
+SCHEDULER_* variables that point the scheduler at the cluster. Owns, under the cluster
+dir (SCHEDULER_CLUSTER_DIR, default ``<repo>/.cluster``):
 
 - ``lib/<server>/``: the server's jars, copied by Maven from ``maven/<server>/pom.xml``
   (cached in the Maven local repository as Maven does), and a ``.fetched`` marker
   holding the POM's hash: fetch skips a server whose POM did not change;
-- ``<server>/``: ``conf/`` (generated at every start, see servers.py), ``data/``,
+- ``<node>/``: ``conf/`` (generated at every start, see servers.py), ``data/``,
   ``server.log`` (the JVM's stdout and stderr; the run before is ``server.log.1``)
   and ``pid.json`` (pid, host and ports of the running JVM);
 - the JVMs that ``start`` launched, and only those: a pid is signalled only while
-  ``/proc/<pid>/cmdline`` shows that server's main class and this dir's classpath;
-- ``.lock``: fetch, start, stop and wipe hold it, so concurrent calls run one after another.
+  ``/proc/<pid>/cmdline`` shows that server's main class, this dir's classpath and
+  the node's own config directory;
+- ``.lock``: fetch, start, stop, kill and wipe hold it, so concurrent calls run one
+  after another.
 
 Per server::
 
@@ -43,6 +51,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -57,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from processes import cmdline, exited, open_pidfd, port_holder, port_is_free, rss_mb
-from servers import SERVER_TYPES, ClusterError, NotReady, Server, Settings
+from servers import SERVER_TYPES, ClusterError, Kafka, NotReady, Server, Settings, ZooKeeper, zookeeper_mode
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -70,7 +79,9 @@ EXIT_UNHEALTHY = 3
 EXIT_PORT_CONFLICT = 4
 EXIT_INTERRUPTED = 130
 
-SERVER_NAMES = tuple(kind.name for kind in SERVER_TYPES)
+SERVER_KINDS = tuple(kind.kind for kind in SERVER_TYPES)
+NODE_COUNTS = (1, 3, 5)
+MULTI_NODE_HOST = "127.0.1.1"
 JAVA_MAJOR = 17  # Cassandra 5.0 runs on 11 or 17, Kafka 4.1 needs 17+: 17 is the overlap.
 LOG_TAIL_LINES = 40
 LOG_TAIL_WIDTH = 300
@@ -82,6 +93,12 @@ SIGKILL_WAIT_S = 10.0
 
 class PortConflict(ClusterError):
     exit_code = EXIT_PORT_CONFLICT
+
+
+class UsageError(ClusterError):
+    """A command line naming what does not exist (a node of a cluster with fewer nodes)."""
+
+    exit_code = EXIT_USAGE
 
 
 # ---------------------------------------------------------------- settings
@@ -104,7 +121,12 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("cluster_dir", "SCHEDULER_CLUSTER_DIR", str(REPO_ROOT / ".cluster"),
            "jars in <dir>/lib/<server>/; config, data, log and pid file in <dir>/<server>/"),
-    Option("host", "SCHEDULER_LOCAL_HOST", "127.0.0.1", "the address every server binds"),
+    Option("nodes", "SCHEDULER_LOCAL_NODES", "1",
+           "nodes of each server: 1, or 3 (or 5) as in production (Cassandra keyspaces replicated 3 "
+           "times, Kafka topics 3 times with 2 in sync, a ZooKeeper ensemble)"),
+    Option("host", "SCHEDULER_LOCAL_HOST", "",
+           f"the address the first node binds, node n this plus n - 1 (empty: 127.0.0.1 for one node, "
+           f"{MULTI_NODE_HOST} for several)"),
     Option("cassandra_port", "SCHEDULER_LOCAL_CASSANDRA_PORT", "9042", "Cassandra CQL native port"),
     Option("cassandra_storage_port", "SCHEDULER_LOCAL_CASSANDRA_STORAGE_PORT", "7000",
            "Cassandra internode (storage) port"),
@@ -112,16 +134,31 @@ OPTIONS: tuple[Option, ...] = (
     Option("kafka_controller_port", "SCHEDULER_LOCAL_KAFKA_CONTROLLER_PORT", "9093",
            "Kafka KRaft controller port"),
     Option("zookeeper_port", "SCHEDULER_LOCAL_ZOOKEEPER_PORT", "2181", "ZooKeeper client port"),
+    Option("zookeeper_peer_port", "SCHEDULER_LOCAL_ZOOKEEPER_PEER_PORT", "2888",
+           "ZooKeeper quorum port (several nodes only)"),
+    Option("zookeeper_election_port", "SCHEDULER_LOCAL_ZOOKEEPER_ELECTION_PORT", "3888",
+           "ZooKeeper leader election port (several nodes only)"),
     Option("maven_repo", "SCHEDULER_MAVEN_REPO", "",
            "Maven local repository used by fetch (empty: Maven's own, ~/.m2/repository)"),
 )
 OPTION_BY_DEST = {option.dest: option for option in OPTIONS}
 
 
+def node_count(text: str) -> int:
+    if not text.isdigit() or int(text) not in NODE_COUNTS:
+        raise argparse.ArgumentTypeError(
+            f"--nodes (SCHEDULER_LOCAL_NODES) must be one of {', '.join(map(str, NODE_COUNTS))}, got {text!r}: "
+            "a ZooKeeper ensemble and a KRaft quorum need an odd number of nodes")
+    return int(text)
+
+
 def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(
         cluster_dir=Path(args.cluster_dir).expanduser().resolve(),
-        host=args.host,
+        host=args.host or ("127.0.0.1" if args.nodes == 1 else MULTI_NODE_HOST),
+        nodes=args.nodes,
+        zookeeper_peer_port=args.zookeeper_peer_port,
+        zookeeper_election_port=args.zookeeper_election_port,
         cassandra_port=args.cassandra_port,
         cassandra_storage_port=args.cassandra_storage_port,
         kafka_port=args.kafka_port,
@@ -152,9 +189,11 @@ def read_record(server: Server) -> RunRecord | None:
 
 
 def is_our_server(pid: int, server: Server) -> bool:
-    """True while ``pid`` runs this server's main class on this cluster dir's classpath."""
+    """True while ``pid`` runs this server's main class on this cluster dir's classpath,
+    with this node's config."""
     args = cmdline(pid)
-    return server.main_class in args and server.classpath in args
+    return (server.main_class in args and server.classpath in args
+            and any(server.marker in arg for arg in args))
 
 
 def running_record(server: Server) -> RunRecord | None:
@@ -179,7 +218,7 @@ def describe_ports(host: str, ports: dict[str, int]) -> str:
 
 
 def pom_digest(server: Server) -> str:
-    return hashlib.sha256((MAVEN_DIR / server.name / "pom.xml").read_bytes()).hexdigest()
+    return hashlib.sha256((MAVEN_DIR / server.kind / "pom.xml").read_bytes()).hexdigest()
 
 
 def is_fetched(server: Server) -> bool:
@@ -191,21 +230,21 @@ def maven_copy(server: Server, target: Path) -> None:
     if shutil.which("mvn") is None:
         raise ClusterError("mvn not found: install Maven 3.8+ (e.g. `apt-get install maven`)")
     command = ["mvn", "-B", "-q", "-Dstyle.color=never",
-               "-f", str(MAVEN_DIR / server.name / "pom.xml"),
+               "-f", str(MAVEN_DIR / server.kind / "pom.xml"),
                "dependency:copy-dependencies", f"-Dlib.dir={target}"]
     if server.settings.maven_repo:
         command.append(f"-Dmaven.repo.local={server.settings.maven_repo}")
     done = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise ClusterError(
-            f"Maven could not fetch the {server.name} jars (exit {done.returncode}); check that "
+            f"Maven could not fetch the {server.kind} jars (exit {done.returncode}); check that "
             f"Maven Central is reachable (a proxy goes in ~/.m2/settings.xml):\n{done.stdout}{done.stderr}"
         )
 
 
 def fetch_one(server: Server) -> None:
     """Copies the jars into a scratch dir, then swaps it in place of ``lib/<server>/``."""
-    scratch = server.lib.with_name(f".{server.name}.partial")
+    scratch = server.lib.with_name(f".{server.kind}.partial")
     shutil.rmtree(scratch, ignore_errors=True)
     maven_copy(server, scratch)
     (scratch / ".fetched").write_text(pom_digest(server) + "\n")
@@ -218,13 +257,13 @@ def fetch(servers: list[Server]) -> None:
     began = time.monotonic()
     for server in servers:
         if is_fetched(server):
-            print(f"{server.name}: jars up to date in {server.lib}")
+            print(f"{server.kind}: jars up to date in {server.lib}")
             continue
         server_began = time.monotonic()
         fetch_one(server)
         jars = list(server.lib.glob("*.jar"))
         size_mb = sum(jar.stat().st_size for jar in jars) / 2**20
-        print(f"{server.name}: fetched {len(jars)} jars ({size_mb:.0f} MB) "
+        print(f"{server.kind}: fetched {len(jars)} jars ({size_mb:.0f} MB) "
               f"in {time.monotonic() - server_began:.1f} s", flush=True)
     print(f"fetch took {time.monotonic() - began:.1f} s")
 
@@ -264,18 +303,18 @@ def port_option_hint(server: Server, role: str) -> str:
 
 def check_ports(to_launch: list[Server], all_servers: list[Server]) -> None:
     """Fails before anything is launched if a needed port is configured twice or taken."""
-    users: dict[int, str] = {}
+    users: dict[tuple[str, int], str] = {}
     for server in all_servers:
         for role, port in server.ports().items():
-            user = users.setdefault(port, f"{server.name} {role}")
+            user = users.setdefault((server.host, port), f"{server.name} {role}")
             if user != f"{server.name} {role}":
                 raise PortConflict(f"port {port} is configured for both the {user} port and the "
                                    f"{server.name} {role} port: move one ({port_option_hint(server, role)})")
     for server in to_launch:
         for role, port in server.ports().items():
-            if not port_is_free(server.settings.host, port):
+            if not port_is_free(server.host, port):
                 raise PortConflict(
-                    f"port {port} on {server.settings.host}, needed by {server.name} ({role} port), "
+                    f"port {port} on {server.host}, needed by {server.name} ({role} port), "
                     f"is in use by {port_holder(port)}. Stop that process, or give {server.name} "
                     f"another port with {port_option_hint(server, role)}."
                 )
@@ -291,7 +330,7 @@ def launch(server: Server, java: str) -> tuple[subprocess.Popen[bytes], RunRecor
     with server.log_file.open("ab") as log:
         process = subprocess.Popen(argv, cwd=server.home, stdin=subprocess.DEVNULL, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    record = RunRecord(process.pid, server.settings.host, server.ports(), time.time())
+    record = RunRecord(process.pid, server.host, server.ports(), time.time())
     server.pid_file.write_text(json.dumps(asdict(record)) + "\n")
     return process, record
 
@@ -361,9 +400,9 @@ def bring_up(outcome: Outcome, java: str, deadline: float, aborted: threading.Ev
 def start(servers: list[Server], all_servers: list[Server], timeout_s: float) -> None:
     """Brings every server up concurrently; on any failure stops all that this call launched."""
     check_ports([server for server in servers if running_record(server) is None], all_servers)
-    missing = [server for server in servers if not is_fetched(server)]
+    missing = {server.kind: server for server in servers if not is_fetched(server)}
     if missing:
-        fetch(missing)
+        fetch(list(missing.values()))
     java = find_java()
     outcomes = [Outcome(server) for server in servers]
     aborted = threading.Event()
@@ -395,7 +434,7 @@ def report_ready(outcome: Outcome) -> None:
     server, record = outcome.server, outcome.record
     assert record is not None and outcome.ready_s is not None
     how = "started, ready in" if outcome.launched else "already running, answered in"
-    print(f"{server.name:<10} {how} {outcome.ready_s:5.1f} s  pid {record.pid}  "
+    print(f"{server.name:<12} {how} {outcome.ready_s:5.1f} s  pid {record.pid}  "
           f"rss {rss_mb(record.pid) or 0:.0f} MB  {describe_ports(record.host, record.ports)}")
 
 
@@ -450,18 +489,24 @@ def stop(servers: list[Server], timeout_s: float) -> bool:
 
 
 def server_status(server: Server, timeout_s: float) -> dict[str, Any]:
-    """The ``status --json`` entry of one server."""
+    """The ``status --json`` entry of one node."""
     record = running_record(server)
-    host, ports = (record.host, record.ports) if record else (server.settings.host, server.ports())
+    host, ports = (record.host, record.ports) if record else (server.host, server.ports())
     state = "down"
+    role = None
     if record:
         try:
             server.probe(host, ports, timeout_s)
             state = "up"
         except NotReady:
             state = "unhealthy"
+        if isinstance(server, ZooKeeper):
+            role = zookeeper_mode(host, ports["client"], timeout_s)
     return {
         "state": state,
+        "kind": server.kind,
+        "node": server.node,
+        "role": role,
         "pid": record.pid if record else None,
         "host": host,
         "port": next(iter(ports.values())),
@@ -476,19 +521,40 @@ STATE_TEXT = {"up": "up", "unhealthy": "running, NOT answering", "down": "stoppe
 
 
 def status(servers: list[Server], as_json: bool, timeout_s: float) -> bool:
-    """Prints each server's state; True if all answer."""
+    """Prints each node's state; True if all answer."""
     with ThreadPoolExecutor(max_workers=len(servers)) as pool:
         entries = list(pool.map(lambda server: server_status(server, timeout_s), servers))
     reports = {server.name: entry for server, entry in zip(servers, entries, strict=True)}
     if as_json:
         print(json.dumps(reports, indent=2))
     else:
-        print(f"{'server':<10} {'state':<22} {'pid':>7} {'rss MB':>7}  {'ports':<40} data dir")
+        print(f"{'server':<12} {'state':<22} {'role':<10} {'pid':>7} {'rss MB':>7}  {'ports':<50} data dir")
         for name, report in reports.items():
-            print(f"{name:<10} {STATE_TEXT[report['state']]:<22} {report['pid'] or '-':>7} "
-                  f"{report['rss_mb'] or '-':>7}  {describe_ports(report['host'], report['ports']):<40} "
-                  f"{report['data_dir']}")
+            print(f"{name:<12} {STATE_TEXT[report['state']]:<22} {report['role'] or '-':<10} "
+                  f"{report['pid'] or '-':>7} {report['rss_mb'] or '-':>7}  "
+                  f"{describe_ports(report['host'], report['ports']):<50} {report['data_dir']}")
     return all(report["state"] == "up" for report in reports.values())
+
+
+def kill(servers: list[Server]) -> None:
+    """SIGKILL to each of our running nodes, as a crash would end them: no shutdown hook
+    runs, nothing unflushed reaches the disk. The pid file stays, and is found stale by
+    the next ``start``, which starts the node again on its data."""
+    for server in servers:
+        record = read_record(server)
+        pidfd = open_pidfd(record.pid) if record else None  # opened before the check: see processes.py
+        if record is None or pidfd is None or not is_our_server(record.pid, server):
+            print(f"{server.name}: not running")
+            if pidfd is not None:
+                os.close(pidfd)
+            continue
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            if not exited([pidfd], SIGKILL_WAIT_S):
+                raise ClusterError(f"{server.name} (pid {record.pid}) survived SIGKILL for {SIGKILL_WAIT_S:g} s")
+        finally:
+            os.close(pidfd)
+        print(f"{server.name}: killed (SIGKILL, pid {record.pid})")
 
 
 def wipe(servers: list[Server], timeout_s: float) -> None:
@@ -497,6 +563,29 @@ def wipe(servers: list[Server], timeout_s: float) -> None:
     for server in servers:
         shutil.rmtree(server.home, ignore_errors=True)
         print(f"{server.name}: deleted {server.home}")
+    kafka = [server for server in servers if isinstance(server, Kafka)]
+    if kafka and not any(node.home.exists() for node in kafka[0].peers):
+        # No node is formatted any more: the next start makes a new cluster id.
+        (kafka[0].settings.cluster_dir / f"kafka-{kafka[0].settings.nodes}-nodes.cluster-id").unlink(missing_ok=True)
+
+
+def environment(servers: list[Server]) -> dict[str, str]:
+    """The SCHEDULER_* variables that point the scheduler at this cluster (``env``)."""
+    settings = servers[0].settings
+    hosts = [settings.node_host(node) for node in range(1, settings.nodes + 1)]
+    variables = {
+        "SCHEDULER_BACKEND": "cassandra",
+        "SCHEDULER_CASSANDRA_HOSTS": ",".join(hosts),
+        "SCHEDULER_CASSANDRA_PORT": str(settings.cassandra_port),
+        "SCHEDULER_KAFKA_BOOTSTRAP": ",".join(f"{host}:{settings.kafka_port}" for host in hosts),
+        "SCHEDULER_ZOOKEEPER_HOSTS": ",".join(f"{host}:{settings.zookeeper_port}" for host in hosts),
+    }
+    if settings.nodes > 1:
+        # Three replicas in the one data centre SimpleSnitch reports; a quorum of them
+        # takes each read and write.
+        variables["SCHEDULER_REPLICATION"] = "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"
+        variables["SCHEDULER_CONSISTENCY"] = "LOCAL_QUORUM"
+    return variables
 
 
 # ---------------------------------------------------------------- command line
@@ -508,25 +597,29 @@ def port_number(text: str) -> int:
     return int(text)
 
 
-def server_list(text: str) -> list[str]:
+def select(text: str, all_servers: list[Server]) -> list[Server]:
+    """The nodes ``--only`` names: a server's name (every node of it) or a node's."""
     names = {name.strip() for name in text.split(",") if name.strip()}
-    unknown = names - set(SERVER_NAMES)
+    known = {*SERVER_KINDS, *(server.name for server in all_servers)}
+    unknown = names - known
     if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown server(s) {', '.join(sorted(unknown)) or repr(text)}; choose from {','.join(SERVER_NAMES)}")
-    return [name for name in SERVER_NAMES if name in names]
+        raise UsageError(
+            f"unknown server(s) {', '.join(sorted(unknown)) or repr(text)} in --only; choose from "
+            f"{','.join(sorted(known, key=lambda name: (name not in SERVER_KINDS, name)))}")
+    return [server for server in all_servers if server.name in names or server.kind in names]
 
 
 def shared_options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--only", type=server_list, default=list(SERVER_NAMES), metavar="LIST",
-                        help=f"comma-separated subset of {','.join(SERVER_NAMES)} (default: all three)")
+    parser.add_argument("--only", default=",".join(SERVER_KINDS), metavar="LIST",
+                        help=f"comma-separated servers ({','.join(SERVER_KINDS)}: every node of each) or "
+                             "nodes (cassandra-2, kafka-1, ...; with --nodes 3) (default: all)")
     group = parser.add_argument_group("settings (a flag wins over its environment variable)")
     for option in OPTIONS:
+        kind = port_number if option.dest.endswith("port") else node_count if option.dest == "nodes" else str
         group.add_argument(
-            option.flag, default=os.environ.get(option.env, option.default), metavar=option.env,
-            type=port_number if option.dest.endswith("port") else str,
-            help=f"{option.help} (default {option.default or 'none'})",
+            option.flag, default=os.environ.get(option.env, option.default), metavar=option.env, type=kind,
+            help=f"{option.help} (default {option.default or 'see above'})",
         )
     return parser
 
@@ -540,8 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     shared = shared_options()
     parser = argparse.ArgumentParser(
         prog="cluster.py",
-        description="Fetch, start, stop and inspect a single-node local Cassandra 5.0, Kafka 4.1 "
-                    "(KRaft) and ZooKeeper 3.9, run as JVM processes from Maven Central jars.",
+        description="Fetch, start, stop and inspect a local Cassandra 5.0, Kafka 4.1 (KRaft) and "
+                    "ZooKeeper 3.9, one node of each or three (--nodes 3), run as JVM processes from "
+                    "Maven Central jars.",
         epilog=f"Exit codes: {EXIT_OK} ok; {EXIT_FAILED} failed; {EXIT_USAGE} bad command line; "
                f"{EXIT_UNHEALTHY} (status) a server is not answering; {EXIT_PORT_CONFLICT} (start) a port "
                f"is taken or configured twice. Settings, each also read from its environment variable: "
@@ -552,17 +646,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="resolve the jars with Maven; skipped for a server whose POM did not change")
     start_parser = commands.add_parser(
         "start", parents=[shared],
-        help="fetch if needed, start each server not running, wait until each answers")
-    add_timeout(start_parser, 180, "seconds for every server to answer")
-    stop_parser = commands.add_parser("stop", parents=[shared], help="stop the servers this tool started")
+        help="fetch if needed, start each node not running, wait until each answers")
+    add_timeout(start_parser, 180, "seconds for every node to answer")
+    stop_parser = commands.add_parser("stop", parents=[shared], help="stop the nodes this tool started")
     add_timeout(stop_parser, 60, "seconds to wait after SIGTERM before SIGKILL")
+    commands.add_parser("kill", parents=[shared],
+                        help="SIGKILL the nodes, as a crash would; `start` brings them back on their data")
+    restart_parser = commands.add_parser("restart", parents=[shared],
+                                         help="stop, then start the nodes, waiting until each answers")
+    add_timeout(restart_parser, 180, "seconds to stop, and again to answer")
     status_parser = commands.add_parser(
-        "status", parents=[shared], help=f"state of each server; exit {EXIT_UNHEALTHY} unless all answer")
+        "status", parents=[shared], help=f"state of each node; exit {EXIT_UNHEALTHY} unless all answer")
     status_parser.add_argument(
         "--json", action="store_true",
-        help='print one JSON object: {"<server>": {"state": "up"|"unhealthy"|"down", "pid", '
-             '"host", "port", "ports", "rss_mb", "data_dir", "log"}, ...}')
+        help='print one JSON object: {"<node>": {"state": "up"|"unhealthy"|"down", "kind", "node", "role" '
+             '(ZooKeeper: leader, follower or standalone), "pid", "host", "port", "ports", "rss_mb", '
+             '"data_dir", "log"}, ...}')
     add_timeout(status_parser, PROBE_TIMEOUT_S, "seconds each probe may take")
+    commands.add_parser("env", parents=[shared],
+                        help="print the SCHEDULER_* variables that point the scheduler at this cluster, "
+                             "as shell exports: eval \"$(cluster.py env --nodes 3)\"")
     wipe_parser = commands.add_parser("wipe", parents=[shared],
                                       help="stop, then delete data, config and logs (not the jars)")
     add_timeout(wipe_parser, 60, "seconds to wait after SIGTERM before SIGKILL")
@@ -591,17 +694,28 @@ def cluster_lock(cluster_dir: Path) -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    all_servers = [kind(settings) for kind in SERVER_TYPES]
-    servers = [server for server in all_servers if server.name in args.only]
+    all_servers = [kind(settings, node) for kind in SERVER_TYPES for node in range(1, settings.nodes + 1)]
+    servers = select(args.only, all_servers)
     if args.command == "status":  # reads only: no lock
         return EXIT_OK if status(servers, args.json, args.timeout) else EXIT_UNHEALTHY
+    if args.command == "env":
+        for name, value in environment(all_servers).items():
+            quoted = f'"{value}"' if not set(value) & set('"$`\\') else shlex.quote(value)
+            print(f"export {name}={quoted}")
+        return EXIT_OK
     with cluster_lock(settings.cluster_dir):
         if args.command == "fetch":
-            fetch(servers)
+            fetch(list({server.kind: server for server in servers}.values()))
         elif args.command == "start":
             start(servers, all_servers, args.timeout)
         elif args.command == "stop":
             return EXIT_OK if stop(servers, args.timeout) else EXIT_FAILED
+        elif args.command == "kill":
+            kill(servers)
+        elif args.command == "restart":
+            if not stop(servers, args.timeout):
+                return EXIT_FAILED
+            start(servers, all_servers, args.timeout)
         elif args.command == "wipe":
             wipe(servers, args.timeout)
     return EXIT_OK

@@ -4,6 +4,7 @@ never gets anything signalled."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +23,16 @@ def cluster_py(cluster_dir: Path, *args: str) -> subprocess.CompletedProcess[str
     env = {key: value for key, value in os.environ.items() if not key.startswith("SCHEDULER_LOCAL_")}
     env["SCHEDULER_CLUSTER_DIR"] = str(cluster_dir)
     return subprocess.run([sys.executable, str(CLUSTER_PY), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def load_servers_module() -> Any:
+    """deploy/local/servers.py, which is a script's module, not a package's."""
+    spec = importlib.util.spec_from_file_location("deploy_local_servers", CLUSTER_PY.parent / "servers.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
@@ -75,3 +87,68 @@ def test_status_of_a_cluster_that_never_ran_is_down_with_exit_3(tmp_path: Path) 
 def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
     assert cluster_py(tmp_path, "start", "--only", "redis").returncode == 2
     assert cluster_py(tmp_path, "start", "--kafka-port", "70000").returncode == 2
+
+
+def test_three_nodes_of_each_server_listen_on_their_own_addresses_under_their_own_names(tmp_path: Path) -> None:
+    result = cluster_py(tmp_path, "status", "--json", "--nodes", "3")
+    assert result.returncode == 3
+    report = json.loads(result.stdout)
+    assert list(report) == [f"{kind}-{n}" for kind in ("cassandra", "kafka", "zookeeper") for n in (1, 2, 3)]
+    assert [report[f"kafka-{n}"]["host"] for n in (1, 2, 3)] == ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
+    assert report["zookeeper-2"]["ports"] == {"client": 2181, "peer": 2888, "election": 3888}
+    assert report["cassandra-3"]["data_dir"] == str(tmp_path / "cassandra-3")
+    one = cluster_py(tmp_path, "status", "--json", "--nodes", "3", "--only", "cassandra-2,zookeeper")
+    assert list(json.loads(one.stdout)) == ["cassandra-2", "zookeeper-1", "zookeeper-2", "zookeeper-3"]
+
+
+def test_a_node_that_does_not_exist_and_an_even_node_count_are_usage_errors(tmp_path: Path) -> None:
+    missing = cluster_py(tmp_path, "kill", "--only", "cassandra-4", "--nodes", "3")
+    assert missing.returncode == 2 and "unknown server(s) cassandra-4" in missing.stderr
+    single = cluster_py(tmp_path, "stop", "--only", "cassandra-1")
+    assert single.returncode == 2, "a single-node cluster's nodes are named by their server"
+    even = cluster_py(tmp_path, "start", "--nodes", "2")
+    assert even.returncode == 2 and "must be one of 1, 3, 5" in even.stderr
+
+
+def test_kill_of_a_node_that_is_not_running_signals_nothing(tmp_path: Path) -> None:
+    result = cluster_py(tmp_path, "kill", "--nodes", "3", "--only", "kafka-2")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "kafka-2: not running"
+
+
+def test_env_points_the_scheduler_at_every_node_with_three_replicas(tmp_path: Path) -> None:
+    result = cluster_py(tmp_path, "env", "--nodes", "3")
+    assert result.returncode == 0, result.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in result.stdout.splitlines())
+    assert exports["SCHEDULER_CASSANDRA_HOSTS"] == '"127.0.1.1,127.0.1.2,127.0.1.3"'
+    assert exports["SCHEDULER_KAFKA_BOOTSTRAP"] == '"127.0.1.1:9092,127.0.1.2:9092,127.0.1.3:9092"'
+    assert exports["SCHEDULER_REPLICATION"] == "\"{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}\""
+    shell = subprocess.run(["bash", "-c", result.stdout + '\nprintf %s "$SCHEDULER_REPLICATION"'],
+                           capture_output=True, text=True, check=True)
+    assert shell.stdout == "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"
+    single = dict(line.removeprefix("export ").split("=", 1)
+                  for line in cluster_py(tmp_path, "env").stdout.splitlines())
+    assert single["SCHEDULER_ZOOKEEPER_HOSTS"] == '"127.0.0.1:2181"' and "SCHEDULER_REPLICATION" not in single
+
+
+def test_the_three_node_configs_make_one_ring_one_quorum_and_one_ensemble(tmp_path: Path) -> None:
+    servers = load_servers_module()
+    settings = servers.Settings(tmp_path, "127.0.1.1", 9042, 7000, 9092, 9093, 2181, None, nodes=3)
+    rings = [servers.Cassandra(settings, n)._yaml() for n in (1, 2, 3)]
+    tokens = {line for ring in rings for line in ring.splitlines() if line.startswith("initial_token:")}
+    assert len(tokens) == 3, "each node has a token of its own"
+    for n, ring in enumerate(rings, 1):
+        assert f"listen_address: 127.0.1.{n}" in ring and "auto_bootstrap: false" in ring
+        assert 'seeds: "127.0.1.1:7000,127.0.1.2:7000,127.0.1.3:7000"' in ring
+    kafka = servers.Kafka(settings, 2)._properties()
+    assert "node.id=2\n" in kafka
+    assert "controller.quorum.voters=1@127.0.1.1:9093,2@127.0.1.2:9093,3@127.0.1.3:9093\n" in kafka
+    assert "default.replication.factor=3\n" in kafka and "min.insync.replicas=2\n" in kafka
+    assert "offsets.topic.replication.factor=3\n" in kafka and "unclean.leader.election.enable=false\n" in kafka
+    zookeeper = servers.ZooKeeper(settings, 3)
+    config = zookeeper._config()
+    assert "server.1=127.0.1.1:2888:3888\nserver.2=127.0.1.2:2888:3888\nserver.3=127.0.1.3:2888:3888\n" in config
+    assert "clientPortAddress=127.0.1.3" in config
+    assert (zookeeper.data / "myid").read_text() == "3\n"
+    single = servers.Kafka(servers.Settings(tmp_path, "127.0.0.1", 9042, 7000, 9092, 9093, 2181, None), 1)
+    assert "default.replication.factor=1\n" in single._properties() and single.name == "kafka"
