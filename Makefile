@@ -10,7 +10,7 @@ BIN    := $(VENV)/bin
 # extra keeps it out (mkdocs<2).
 MKDOCS := DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs build --strict
 
-.PHONY: install demo test unit docs cluster-start cluster-stop cluster-status
+.PHONY: install demo test unit docs chaos cluster-start cluster-stop cluster-status
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ unit: install
 
 docs: install
 	$(MKDOCS)
+
+# One server fault at a time on a three-node cluster (started, and stopped again, by the
+# bench) during a burst: about 20 minutes. The figures are in docs/reliability.md.
+chaos: install
+	$(BIN)/python bench/chaos.py --start-cluster --out bench/results/chaos.json
 
 cluster-start: install
 	$(BIN)/python deploy/local/cluster.py start

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self
@@ -130,15 +130,18 @@ class BenchProcess:
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, name: str, arguments: list[str], directory: Path, env: dict[str, str]) -> Self:
+    def start(cls, name: str, arguments: list[str], directory: Path, env: dict[str, str],
+              preexec: Callable[[], None] | None = None) -> Self:
         """`python -m scheduler <arguments> --stats-file <directory>/<name>.json`, stderr to
-        `<directory>/<name>.log`, run from the repository root (so `bench.*` imports)."""
+        `<directory>/<name>.log`, run from the repository root (so `bench.*` imports);
+        `preexec` runs in the child before it starts (e.g. to enter a cgroup)."""
         directory = directory.resolve()
         log_path, stats_path = directory / f"{name}.log", directory / f"{name}.json"
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "scheduler", *arguments, "--stats-file", str(stats_path)],
                 stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True, cwd=REPOSITORY,
+                preexec_fn=preexec,
             )
         return cls(name, process, log_path, stats_path)
 
@@ -212,12 +215,15 @@ class Fleet:
         self.directory = directory
         self.members: list[DispatcherProcess] = []
 
-    def start(self, count: int) -> None:
+    def start(self, count: int, preexec: Mapping[str, Callable[[], None]] | None = None) -> None:
+        """Start `count` dispatchers, `dispatcher-1` ...; `preexec[name]`, if given, runs
+        in that one's child process before it starts."""
         for n in range(1, count + 1):
             name = f"dispatcher-{n}"
             self.members.append(DispatcherProcess.start(
                 name, ["dispatcher", *self.backend, "--shards", "auto", "--member", name,
-                       "--lease-timeout", str(LEASE_TIMEOUT_S), *self.extra], self.directory, self.env))
+                       "--lease-timeout", str(LEASE_TIMEOUT_S), *self.extra], self.directory, self.env,
+                (preexec or {}).get(name)))
 
     def check_alive(self) -> None:
         for member in self.members:
