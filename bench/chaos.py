@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -120,8 +121,15 @@ def table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def interrupted(_signum: int, _frame: object) -> None:
+    """SIGTERM ends the bench as Ctrl-C does: every run's cleanup goes on (processes
+    stopped, a stopped node continued, a cut restored), then the cluster if it started it."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, interrupted)
     nodes = Nodes(3, args.cluster_dir)
     started_cluster = False
     try:
@@ -154,8 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in faults:
             cleanup: list[Callable[[], None]] = []
             try:
-                if not nodes.all_up():
-                    raise BenchFailure(f"a node is down before {name}: {json.dumps(nodes.status())[:800]}")
+                if not nodes.all_up():  # a run that failed may have left one down: start it again
+                    echo(f"a node is down before {name}: starting it")
+                    nodes.run("start")
                 runs.append(run_fault(None if name == "none" else catalog.make(name), shape, nodes, work_root,
                                       args.keep, cleanup))
             except Exception as error:  # noqa: BLE001 - one run failing must not hide the others' figures

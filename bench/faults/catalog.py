@@ -148,7 +148,9 @@ def resume(fault: Fault, scene: Scene) -> None:
 
 def uncut(fault: Fault, scene: Scene) -> None:
     assert fault.cut_dispatcher is not None
-    scene.cut_groups[fault.cut_dispatcher].restore()
+    group = scene.cut_groups[fault.cut_dispatcher]
+    fault.details["dropped_packets"] = group.dropped()
+    group.restore()
 
 
 INJECT: dict[str, Callable[[Fault, Scene], str]] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ class CursorWatch:
     """Shard -> (first seen ms, token, cursor when first seen) for each token it had."""
     reads = 0
     failed_reads = 0
+    longest_pass_s = 0.0
     first_error: str | None = None
 
     def __post_init__(self) -> None:
@@ -48,13 +50,21 @@ class CursorWatch:
         return self
 
     def _run(self) -> None:
-        store = CassandraTaskStore.open(self.settings)
         try:
-            while not self._stop.is_set():
-                began = time.monotonic()
-                for shard in range(self.settings.shard_count):
-                    self._read(store, shard)
-                self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+            store = CassandraTaskStore.open(self.settings)
+        except SchedulerError as error:
+            self.first_error = f"opening the store: {type(error).__name__}: {error}"[:300]
+            return
+        try:
+            # The shards read 16 at a time: a read stuck on a stopped node holds up only
+            # its own thread, and the others go on being read.
+            with ThreadPoolExecutor(max_workers=16, thread_name_prefix="cursor-read") as pool:
+                while not self._stop.is_set():
+                    began = time.monotonic()
+                    list(pool.map(lambda shard: self._read(store, shard), range(self.settings.shard_count)))
+                    took = time.monotonic() - began
+                    self.longest_pass_s = max(self.longest_pass_s, took)
+                    self._stop.wait(max(0.0, self.interval_s - took))
         finally:
             store.close()
 
@@ -77,10 +87,13 @@ class CursorWatch:
             history.append((seen.at_ms, seen.token, seen.cursor_ms))
         self.last[shard] = seen
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join(30)
+        self._thread.join(60)
+
+    def figures(self) -> dict[str, Any]:
         changed = {shard: history for shard, history in self.tokens.items() if len(history) > 1}
         return {"reads": self.reads, "failed_reads": self.failed_reads, "first_error": self.first_error,
+                "longest_pass_s": round(self.longest_pass_s, 1),
                 "backwards": len(self.backwards), "backward_moves": self.backwards[:20],
                 "shards_that_changed_owner": len(changed)}

@@ -72,13 +72,24 @@ class CutGroup:
     def cut(self, ports: list[int]) -> None:
         for port in ports:
             rule = self.rule(port)
-            subprocess.run(["iptables", "-I", *rule], check=True, capture_output=True)
+            subprocess.run(["iptables", "-w", "-I", *rule], check=True, capture_output=True)
             self.rules.append(rule)
 
+    def dropped(self) -> int:
+        """Packets the group's rules have dropped so far: 0 means the cut cut nothing."""
+        listing = subprocess.run(["iptables", "-w", "-L", "OUTPUT", "-v", "-x", "-n"], check=True,
+                                 capture_output=True, text=True).stdout
+        return sum(int(line.split()[0]) for line in listing.splitlines() if f"cgroup {self.name}" in line)
+
     def restore(self) -> None:
+        """Remove every rule; a rule that cannot be removed is an error, never left silently."""
         while self.rules:
-            rule = self.rules.pop()
-            subprocess.run(["iptables", "-D", *rule], check=False, capture_output=True)
+            rule = self.rules[-1]
+            subprocess.run(["iptables", "-w", "-D", *rule], check=False, capture_output=True)
+            if subprocess.run(["iptables", "-w", "-C", *rule], capture_output=True).returncode == 0:
+                raise RuntimeError(f"could not remove the iptables rule {' '.join(rule)}: remove it by hand "
+                                   f"(iptables -D {' '.join(rule)})")
+            self.rules.pop()
 
     def remove(self) -> None:
         """Restore, move what is left in the group to the root, and delete the group."""
@@ -87,5 +98,5 @@ class CutGroup:
             for pid in (self.path / "cgroup.procs").read_text().split():
                 (self.root / "cgroup.procs").write_text(pid)
             self.path.rmdir()
-        except OSError:
+        except FileNotFoundError:
             pass

@@ -73,7 +73,9 @@ class Nodes:
         return int(node["pid"])
 
     def kill(self, name: str) -> None:
-        self.run("kill", "--only", name)
+        said = self.run("kill", "--only", name)
+        if f"{name}: killed" not in said:
+            raise BenchFailure(f"`cluster.py kill --only {name}` killed nothing: {said.strip()}")
 
     def start(self, name: str) -> float:
         """Start `name` again on its data and wait until it answers; the seconds it took."""

@@ -45,6 +45,8 @@ class Results:
     """Task id -> run_at ms, of every acknowledged task."""
     ack_latency_ms: list[int]
     acked_at_ms: list[int]
+    acked_when: dict[bytes, int]
+    """Task id -> when its submit returned (ms)."""
     failures: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -59,8 +61,10 @@ def read_results(directory: Path) -> Results:
     acked: dict[bytes, int] = {}
     latency: list[int] = []
     moments: list[int] = []
+    when: dict[bytes, int] = {}
     for task_id, run_at_ms, began_ms, returned_ms in ACK.iter_unpack(data[:usable]):
         acked[task_id] = run_at_ms
+        when[task_id] = returned_ms
         latency.append(returned_ms - began_ms)
         moments.append(returned_ms)
     failures_path = directory / "failures.jsonl"
@@ -68,7 +72,7 @@ def read_results(directory: Path) -> Results:
                 if failures_path.exists() else [])
     summary_path = directory / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return Results(acked, latency, moments, failures, summary)
+    return Results(acked, latency, moments, when, failures, summary)
 
 
 def main(argv: list[str] | None = None) -> int:

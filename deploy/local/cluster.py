@@ -558,6 +558,13 @@ def kill(servers: list[Server]) -> None:
 
 
 def wipe(servers: list[Server], timeout_s: float) -> None:
+    partial = [server.name for server in servers if server.settings.nodes > 1
+               and not all(any(peer.name == other.name for other in servers) for peer in server.peers)]
+    if partial:
+        # A Cassandra node back empty (no bootstrap) would answer for data it lacks, and a
+        # KRaft voter that lost its log breaks the static quorum: all nodes of a server, or none.
+        raise UsageError(f"wipe deletes every node of a server or none, not {', '.join(partial)} alone: "
+                         "stop or kill a node to take it away, `wipe --only <server>` to start it afresh")
     if not stop(servers, timeout_s):
         raise ClusterError("a server could not be stopped, so no data was deleted")
     for server in servers:

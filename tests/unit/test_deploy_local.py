@@ -152,3 +152,12 @@ def test_the_three_node_configs_make_one_ring_one_quorum_and_one_ensemble(tmp_pa
     assert (zookeeper.data / "myid").read_text() == "3\n"
     single = servers.Kafka(servers.Settings(tmp_path, "127.0.0.1", 9042, 7000, 9092, 9093, 2181, None), 1)
     assert "default.replication.factor=1\n" in single._properties() and single.name == "kafka"
+
+
+def test_wipe_refuses_one_node_of_several(tmp_path: Path) -> None:
+    (tmp_path / "kafka-2").mkdir()
+    result = cluster_py(tmp_path, "wipe", "--nodes", "3", "--only", "kafka-2")
+    assert result.returncode == 2 and "every node of a server or none" in result.stderr
+    assert (tmp_path / "kafka-2").exists()
+    assert cluster_py(tmp_path, "wipe", "--nodes", "3", "--only", "kafka").returncode == 0
+    assert not (tmp_path / "kafka-2").exists()

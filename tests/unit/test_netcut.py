@@ -49,6 +49,7 @@ def test_a_cut_group_loses_the_port_and_gets_it_back_while_others_keep_it(listen
         group.cut([listener])
         assert attempt(listener, group) in ("TimeoutError", "timeout"), "dropped, not refused"
         assert attempt(listener, None) == "connected", "a process outside the group is not cut"
+        assert group.dropped() > 0, "the rule counted the packets it dropped"
         group.restore()
         assert attempt(listener, group) == "connected"
     finally:
