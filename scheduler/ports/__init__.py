@@ -3,8 +3,10 @@
 One module per side of the system: `tasks` (the task store), `schedules` (recurring
 schedules), `coordination` (leases and fencing tokens), `queueing` (the producer's
 hand-off, the ready topics, the hand-off log), `workers` (consuming, dead letters, the
-effect ledger) and `limits` (the fairness limits) and `counts` (what `scheduler status` reads). Every name is re-exported here, so
-`from scheduler.ports import TaskStore` is how the rest of the package imports them.
+effect ledger) and `limits` (the fairness limits) and `counts` (what `scheduler status` reads)
+and `workflows` (workflows: their state, their members' outcomes, their claims). Every name is
+re-exported here, so `from scheduler.ports import TaskStore` is how the rest of the package
+imports them.
 
 Each store port is kept by two adapters that meet one contract suite
 (`tests/contract/`): Cassandra (`scheduler.adapters.cassandra`) and SQLite
@@ -43,6 +45,7 @@ from scheduler.ports.tasks import (
     refusal_to_cancel,
 )
 from scheduler.ports.workers import Consumer, Delivery, EffectClaim, EffectLedger, TopicPartition, TopicScanner
+from scheduler.ports.workflows import WHOLE, Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState, WorkflowStore
 
 __all__ = [
     "AGGREGATE_TENANT",
@@ -53,6 +56,7 @@ __all__ = [
     "BadRow",
     "CancelMarks",
     "CancelOutcome",
+    "Claim",
     "Consumer",
     "Coordinator",
     "Delivery",
@@ -65,6 +69,8 @@ __all__ = [
     "InsertFailure",
     "Lease",
     "LimitsStore",
+    "Member",
+    "MemberOutcome",
     "Publisher",
     "ROW_ERRORS",
     "ScheduleStore",
@@ -76,6 +82,10 @@ __all__ = [
     "TaskStore",
     "TopicPartition",
     "TopicScanner",
+    "WHOLE",
+    "WorkflowRecord",
+    "WorkflowState",
+    "WorkflowStore",
     "hand_over",
     "refusal_to_cancel",
 ]

@@ -26,7 +26,8 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
                            "results_day.effects", "results_day.schedules", "results_day.tenant_limits",
                            "results_day.cancel_marks", "results_day.cancel_counts", "results_day.count_hours",
                            "results_day.count_minutes", "results_day.count_snapshots",
-                           "results_day.count_snapshot_latest", "results_day.processes", "results_day.lateness_minutes"}
+                           "results_day.count_snapshot_latest", "results_day.processes", "results_day.lateness_minutes",
+                           "results_day.workflows"}
     assert set(altered) <= set(tables)
     assert all(" IF NOT EXISTS " in s for s in statements)
     assert not any(s.startswith("USE") for s in statements)

@@ -1,0 +1,205 @@
+"""`CassandraWorkflowStore`: the `WorkflowStore` port on Cassandra (table `workflows`).
+
+A workflow is one partition `(tenant, workflow)`: its record in static columns
+(definition, state, created_ms, ended_ms), one row per member that ended (`kind = 'm'`)
+and one row per claim (`kind = 'c'`), so every state change and every claim of a
+workflow goes through Paxos on the same partition and is ordered against the others.
+
+The lightweight transactions (at the connection's serial consistency, LOCAL_SERIAL):
+
+- `create`: `INSERT ... IF NOT EXISTS` of the static columns only;
+- `transition`: `UPDATE ... SET state = ?, ended_ms = ? IF state IN ?`, on the static
+  columns;
+- `claim`: `UPDATE ... SET run_at_ms = ? WHERE ... AND kind = 'c' AND step = ? AND idx = ?
+  IF run_at_ms = null AND state = ?`: the claim row's cell and the partition's static
+  state in one condition, all or nothing. A refusal answers with both, so the caller
+  learns the claim that holds (its run_at) or that the state is not `when`.
+
+The other writes are plain: `record_member` writes member rows and `mark_created` the
+claim's `created` cell, cells no transaction writes, so no cell mixes client and Paxos
+timestamps. That is also why a claim does not write `created = false`: an absent cell
+reads as false. Reads that must see the outcome of a transaction (the stored record
+after a refused create, `created` after a refused claim) are made at the serial
+consistency, which completes any transaction still in flight on the partition.
+
+An answer that times out may or may not have been applied; it is a `StoreError`.
+Repeating the call is safe: a claim then returns the claim that holds (the caller's own
+if it was applied), a transition the state the workflow has.
+
+A member's "no error" is written as '' rather than null (a null would be a tombstone
+per member) and read back as None.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from cassandra import ConsistencyLevel
+from cassandra.query import UNSET_VALUE
+
+from scheduler.adapters.cassandra.connection import (
+    CassandraConnection,
+    answer_column,
+    prepare_for_table,
+    run_prepared,
+)
+from scheduler.errors import StoreError
+from scheduler.model import TaskId
+from scheduler.ports import Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState
+from scheduler.settings import check_keyspace
+
+if TYPE_CHECKING:
+    from scheduler.adapters.cassandra.store import CassandraTaskStore
+
+_KEY = "tenant = ? AND workflow = ?"
+_MEMBER = "outcome, task_id, attempt, finished_ms, error"
+_RECORD = "definition, state, created_ms, ended_ms"
+
+_QUERIES = {
+    "create": "INSERT INTO {keyspace}.workflows (tenant, workflow, definition, state, created_ms, ended_ms) "
+              "VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+    "read": f"SELECT {_RECORD} FROM {{keyspace}}.workflows WHERE {_KEY} LIMIT 1",
+    "state": f"SELECT state FROM {{keyspace}}.workflows WHERE {_KEY} LIMIT 1",
+    "member": f"SELECT {_MEMBER}, result FROM {{keyspace}}.workflows "
+              f"WHERE {_KEY} AND kind = 'm' AND step = ? AND idx = ?",
+    "record_member": "INSERT INTO {keyspace}.workflows "
+                     f"(tenant, workflow, kind, step, idx, {_MEMBER}, result) "
+                     "VALUES (?, ?, 'm', ?, ?, ?, ?, ?, ?, ?, ?)",
+    "members": f"SELECT step, idx, {_MEMBER} FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm'",
+    "members_of": f"SELECT step, idx, {_MEMBER} FROM {{keyspace}}.workflows "
+                  f"WHERE {_KEY} AND kind = 'm' AND step IN ?",
+    "results": f"SELECT idx, result FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm' AND step = ?",
+    "claim": f"UPDATE {{keyspace}}.workflows SET run_at_ms = ? WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ? "
+             "IF run_at_ms = null AND state = ?",
+    "claims": f"SELECT step, idx, run_at_ms, created FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'c'",
+    "mark_created": f"UPDATE {{keyspace}}.workflows SET created = true "
+                    f"WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ?",
+    "transition": f"UPDATE {{keyspace}}.workflows SET state = ?, ended_ms = ? WHERE {_KEY} IF state IN ?",
+}
+
+_SERIAL_QUERIES = {
+    "read_serial": f"SELECT {_RECORD} FROM {{keyspace}}.workflows WHERE {_KEY} LIMIT 1",
+    "claimed_serial": f"SELECT run_at_ms, created FROM {{keyspace}}.workflows "
+                      f"WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ?",
+}
+"""Reads made at the serial consistency (see the module's docstring)."""
+
+_WHAT = "workflow store"
+
+
+class CassandraWorkflowStore:
+    """The distributed `WorkflowStore`, on a task store's session
+    (`CassandraWorkflowStore.for_store`). Thread-safe (the driver's session is)."""
+
+    def __init__(self, connection: CassandraConnection, keyspace: str) -> None:
+        check_keyspace(keyspace)
+        self._session = connection.session
+        self.keyspace = keyspace
+        self._q = prepare_for_table(self._session, {**_QUERIES, **_SERIAL_QUERIES}, keyspace, _WHAT, "workflows")
+        serial = connection.cluster.profile_manager.default.serial_consistency_level or ConsistencyLevel.LOCAL_SERIAL
+        for name in _SERIAL_QUERIES:
+            self._q[name].consistency_level = serial  # inherited by every statement bound from it
+
+    @classmethod
+    def for_store(cls, store: CassandraTaskStore) -> CassandraWorkflowStore:
+        """A workflow store in the task store's keyspace, on its session (closing it does
+        nothing; it is unusable once the task store is closed)."""
+        return cls(store.connection, store.keyspace)
+
+    def _run(self, name: str, values: tuple[object, ...]) -> Any:
+        return run_prepared(self._session, self._q, name, values, _WHAT)
+
+    def create(self, record: WorkflowRecord) -> WorkflowRecord:
+        ended = UNSET_VALUE if record.ended_ms is None else record.ended_ms
+        result = self._run("create", (record.tenant, record.workflow_id, record.definition, record.state.value,
+                                      record.created_ms, ended))
+        if result.was_applied:
+            return record
+        stored = self._run("read_serial", (record.tenant, record.workflow_id)).one()
+        if stored is None or stored[1] is None:  # nothing deletes a workflow, so this is a damaged partition
+            raise StoreError(f"workflow {record.tenant}/{record.workflow_id} exists but has no record")
+        return _record(record.tenant, record.workflow_id, stored)
+
+    def read(self, tenant: str, workflow_id: str) -> WorkflowRecord | None:
+        row = self._run("read", (tenant, workflow_id)).one()
+        return _record(tenant, workflow_id, row) if row is not None and row[1] is not None else None
+
+    def start_check(self, tenant: str, workflow_id: str, step: str, index: int
+                    ) -> tuple[WorkflowState | None, Member | None, bytes | None]:
+        state = self._state(tenant, workflow_id)
+        if state is None:
+            return None, None, None
+        row = self._run("member", (tenant, workflow_id, step, index)).one()
+        if row is None or row[0] is None:
+            return state, None, None
+        member = _member((step, index, *row[:5]))
+        return state, member, None if row[5] is None else bytes(row[5])
+
+    def _state(self, tenant: str, workflow_id: str) -> WorkflowState | None:
+        row = self._run("state", (tenant, workflow_id)).one()
+        return None if row is None or row[0] is None else WorkflowState(row[0])
+
+    def record_member(self, tenant: str, workflow_id: str, member: Member, result: bytes | None) -> None:
+        self._run("record_member", (
+            tenant, workflow_id, member.step, member.index, member.outcome.value, member.task_id.uuid,
+            member.attempt, member.finished_ms, member.error or "", result,
+        ))
+
+    def members(self, tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:
+        if steps is None:
+            rows = self._run("members", (tenant, workflow_id))
+        elif not steps:
+            return []
+        else:
+            rows = self._run("members_of", (tenant, workflow_id, sorted(set(steps))))
+        return [_member(row) for row in rows if row[2] is not None]
+
+    def results(self, tenant: str, workflow_id: str, step: str) -> dict[int, bytes]:
+        rows = self._run("results", (tenant, workflow_id, step))
+        return {index: bytes(result) for index, result in rows if result is not None}
+
+    def claim(self, tenant: str, workflow_id: str, step: str, index: int, run_at_ms: int,
+              when: WorkflowState) -> Claim | None:
+        result = self._run("claim", (run_at_ms, tenant, workflow_id, step, index, when.value))
+        if result.was_applied:
+            return Claim(step, index, run_at_ms, False)
+        held = answer_column(result, "run_at_ms")
+        if held is None:
+            return None  # unclaimed, so the state is not `when` (or there is no workflow)
+        row = self._run("claimed_serial", (tenant, workflow_id, step, index)).one()
+        created = row is not None and row[0] == held and bool(row[1])
+        return Claim(step, index, held, created)
+
+    def claims(self, tenant: str, workflow_id: str) -> list[Claim]:
+        rows = self._run("claims", (tenant, workflow_id))
+        return [Claim(step, index, run_at_ms, bool(created))
+                for step, index, run_at_ms, created in rows if run_at_ms is not None]
+
+    def mark_created(self, tenant: str, workflow_id: str, step: str, index: int) -> None:
+        self._run("mark_created", (tenant, workflow_id, step, index))
+
+    def transition(self, tenant: str, workflow_id: str, from_states: tuple[WorkflowState, ...],
+                   to: WorkflowState, at_ms: int) -> WorkflowState | None:
+        if not from_states:
+            return self._state(tenant, workflow_id)  # nothing to move from (and CQL refuses IN ())
+        ended = None if to is WorkflowState.RUNNING else at_ms
+        result = self._run("transition", (to.value, ended, tenant, workflow_id, [s.value for s in from_states]))
+        if result.was_applied:
+            return to
+        state = answer_column(result, "state")
+        return None if state is None else WorkflowState(state)
+
+    def close(self) -> None:
+        """Nothing: the session is the task store's."""
+
+
+def _record(tenant: str, workflow_id: str, row: Any) -> WorkflowRecord:
+    definition, state, created_ms, ended_ms = row
+    return WorkflowRecord(tenant, workflow_id, bytes(definition), WorkflowState(state), created_ms, ended_ms)
+
+
+def _member(row: Any) -> Member:
+    step, index, outcome, task_id, attempt, finished_ms, error = row
+    return Member(step, index, MemberOutcome(outcome), TaskId.from_uuid(task_id), attempt, finished_ms,
+                  error or None)
+
