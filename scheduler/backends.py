@@ -41,6 +41,7 @@ from scheduler.ports import (
     TaskStore,
     TopicPartition,
     TopicScanner,
+    WorkflowStore,
 )
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings
 
@@ -120,6 +121,22 @@ def open_schedules(settings: BackendSettings, store: TaskStore) -> AbstractConte
         from scheduler.adapters.cassandra.schedules import CassandraScheduleStore
 
         return CassandraScheduleStore.for_store(tasks)
+
+    return _beside(settings, store, embedded, cassandra)
+
+
+def open_workflows(settings: BackendSettings, store: TaskStore) -> AbstractContextManager[WorkflowStore]:
+    """The workflows of this backend, beside `store`'s tasks (its file, or its keyspace
+    and session)."""
+    def embedded() -> WorkflowStore:
+        from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
+
+        return SqliteWorkflowStore(settings.db)
+
+    def cassandra(tasks: CassandraTaskStore) -> WorkflowStore:
+        from scheduler.adapters.cassandra.workflows import CassandraWorkflowStore
+
+        return CassandraWorkflowStore.for_store(tasks)
 
     return _beside(settings, store, embedded, cassandra)
 
@@ -265,6 +282,8 @@ class WorkerParts:
     dead_letter_topic: str
     counts: CountStore
     """Where the worker's counts and heartbeat go (`scheduler status`)."""
+    workflows: WorkflowStore
+    """The workflows whose steps the worker runs (`scheduler.workflows`)."""
 
 
 @contextmanager
@@ -278,6 +297,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
     with ExitStack() as stack:
         store = stack.enter_context(open_store(settings))
         counts = stack.enter_context(open_counts(settings, store))
+        workflows = stack.enter_context(open_workflows(settings, store))
         handoff = stack.enter_context(open_handoff(settings, store.shard_count))
         ledger: EffectLedger
         publisher: Publisher
@@ -315,7 +335,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
                 return KafkaConsumer(settings.kafka, group, list(topics.values()), member=member,
                                      on_revoked=on_revoked, session_timeout_s=session_timeout_s)
         yield WorkerParts(store, ledger, publisher, handoff, consumer_factory, topics,
-                          settings.kafka.dead_letter_topic, counts)
+                          settings.kafka.dead_letter_topic, counts, workflows)
 
 
 def consumer_lag(settings: BackendSettings) -> dict[str, int]:

@@ -47,6 +47,7 @@ import os
 from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scheduler import backends
 from scheduler.backends import BackendSettings
@@ -55,6 +56,9 @@ from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, valid_max_
 from scheduler.producer import Client
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 from scheduler.visibility.writer import CountWriter
+
+if TYPE_CHECKING:
+    from scheduler.workflows.engine import Workflows
 
 BACKENDS = ("embedded", "cassandra")
 
@@ -128,9 +132,14 @@ def connect(
         writer = CountWriter(counts, "producer").start()
         stack.callback(writer.stop)  # its last write, before the stores close
         opened = stack.pop_all()
+    def open_workflows(client: Client) -> Workflows:
+        from scheduler.workflows.engine import Workflows
+
+        return Workflows(opened.enter_context(backends.open_workflows(settings, store)), client)
+
     try:
         return Client(store, tenant=tenant, handoff=handoff, default_max_attempts=default_max_attempts,
-                      closer=opened.close, events=writer.counter)
+                      closer=opened.close, events=writer.counter, workflows=open_workflows)
     except BaseException:
         opened.close()
         raise

@@ -54,11 +54,12 @@ flight (due within minutes) the answer takes `cancels.SETTLE_MS` (2 s) to come;
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from scheduler import cancels
 from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
@@ -79,6 +80,9 @@ from scheduler.model import (
 )
 from scheduler.ports import CancelOutcome, Handoff, InsertFailure, StoredTask, TaskStore
 from scheduler.visibility.counts import EventCounter, count_pairs
+
+if TYPE_CHECKING:
+    from scheduler.workflows.engine import Workflows
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +200,7 @@ class Client:
         closer: Callable[[], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         events: EventCounter | None = None,
+        workflows: Callable[[Client], Any] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError("chunk_size must be positive")
@@ -215,9 +220,24 @@ class Client:
         """How long a cancel of a task that may be in flight waits before it answers (see
         `scheduler.cancels`); lowering it breaks the promise that nothing starts after."""
         self._settle = sleep
+        self._open_workflows = workflows
+        self._workflows: Any = None
+        self._workflows_lock = threading.Lock()
         self.events = events
         """Where this client counts the tasks it stored and cancelled, for `scheduler
         status` (`scheduler.connect` gives one; a client without counts nothing)."""
+
+    @property
+    def workflows(self) -> Workflows:
+        """Workflows on this client's backend (`scheduler.workflows`): `submit`, `cancel`,
+        `results`, `definition`. Opened on first use; a client of `scheduler.connect` has
+        them, one made around a store of your own has none (`ConfigError`)."""
+        with self._workflows_lock:
+            if self._workflows is None:
+                if self._open_workflows is None:
+                    raise ConfigError("this client has no workflow store: make it with scheduler.connect()")
+                self._workflows = self._open_workflows(self)
+            return self._workflows  # type: ignore[no-any-return]
 
     # Closing.
 
@@ -404,6 +424,19 @@ class Client:
         elif progress is not None:
             progress(report)
         return report
+
+    def store_tasks(self, tasks: Sequence[Task]) -> None:
+        """Store tasks already built and checked (a workflow's steps, whose ids follow from
+        their claim), count them as submitted and hand off those due soon, like `submit`.
+        `StoreError` when any write was not acknowledged, `HandoffFailed` after a failed
+        hand-off; writing the same tasks again is safe."""
+        failures = self.store.insert(tasks)
+        if failures:
+            raise StoreError(f"{sum(len(f.tasks) for f in failures)} tasks were not acknowledged by the store: "
+                             f"{failures[0].reason}")
+        if self.events is not None:
+            self.events.add_many("submitted", count_pairs((task.tenant, task.type) for task in tasks))
+        self._hand_off(tasks)
 
     def _task_of(self, item: Submission | Mapping[str, Any] | InvalidTask) -> Task:
         if isinstance(item, InvalidTask):

@@ -1,0 +1,87 @@
+"""What a worker does around a step's handler: the check before it starts, the result
+after it returns, and `ctx.workflow`, through which a handler reads its predecessors'
+results.
+
+A step's result is what its handler returns, encoded as msgpack, at most
+`MAX_RESULT_BYTES` (16 KiB); a result that cannot be encoded, or is larger, ends the
+step dead with a `PermanentError` saying so (a retry would return the same). A task
+that is not a step is run as before, its return value ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.errors import InvalidPayload
+from scheduler.model import Task, decode_payload, encode_payload
+from scheduler.ports.workflows import MemberOutcome
+from scheduler.worker.policy import PermanentError
+from scheduler.workflows.definition import MAX_RESULT_BYTES, parse_step_key
+from scheduler.workflows.engine import StepEnd, StepStart, Workflows
+
+
+class StepCancelled(Exception):
+    """The step's workflow is cancelled: the task is recorded cancelled, never run."""
+
+
+@dataclass
+class StepContext:
+    """`ctx.workflow` of a step's handler (None for any other task)."""
+
+    workflows: Workflows
+    tenant: str
+    workflow_id: str
+    step: str
+    index: int
+
+    @property
+    def input(self) -> Any:
+        """The result of the member this one follows (`each_of`), or None."""
+        definition = self.workflows.definition(self.tenant, self.workflow_id)
+        spec = None if definition is None else definition.by_name.get(self.step)
+        if spec is None or spec.each_of is None:
+            return None
+        return self.workflows.results(self.tenant, self.workflow_id, spec.each_of)[self.index]
+
+    def results(self, step: str) -> list[Any]:
+        """The results of every member of `step`, in index order (None where a member
+        returned nothing or has not ended): what a join reads of the steps it waited for."""
+        return self.workflows.results(self.tenant, self.workflow_id, step)
+
+
+def step_context(workflows: Workflows | None, task: Task) -> StepContext | None:
+    parsed = None if workflows is None else parse_step_key(task.idempotency_key)
+    if workflows is None or parsed is None:
+        return None
+    return StepContext(workflows, task.tenant, *parsed)
+
+
+def before(workflows: Workflows, task: Task) -> StepStart:
+    """`StepCancelled` for a step of a cancelled workflow; otherwise what to do."""
+    start = workflows.start_check(task)
+    if start.cancelled:
+        raise StepCancelled(f"workflow of step {task.idempotency_key} is cancelled")
+    return start
+
+
+def encode_result(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return encode_payload(value, max_bytes=MAX_RESULT_BYTES)
+    except InvalidPayload as exc:
+        raise PermanentError(f"a step's result must be msgpack-encodable and at most {MAX_RESULT_BYTES // 1024} "
+                             f"KiB: {exc}") from None
+
+
+def decoded(result: bytes | None) -> Any:
+    return None if result is None else decode_payload(result)
+
+
+def end_of(task: Task, outcome: MemberOutcome, result: bytes | None = None, error: str | None = None
+           ) -> StepEnd | None:
+    """The `StepEnd` to record for this task's attempt, or None for a task that is not a step."""
+    if parse_step_key(task.idempotency_key) is None:
+        return None
+    return StepEnd(task, outcome, result, error)
