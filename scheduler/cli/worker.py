@@ -80,7 +80,8 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
             check=check,
         )
         runner = Worker(app, config, consumer_factory=parts.consumer_factory, store=parts.store,
-                        publisher=parts.publisher, handoff=parts.handoff, ledger=parts.ledger, counts=parts.counts)
+                        publisher=parts.publisher, handoff=parts.handoff, ledger=parts.ledger, counts=parts.counts,
+                        workflows=parts.workflows)
         if metrics is not None:
             from scheduler.visibility.worker_metrics import WorkerCollector
 

@@ -58,11 +58,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from scheduler.model import Task, TaskId
 from scheduler.ports import EffectClaim, EffectLedger
 from scheduler.worker.policy import RetryableError
+
+if TYPE_CHECKING:
+    from scheduler.workflows.steps import StepContext
 
 T = TypeVar("T")
 
@@ -92,6 +95,9 @@ class Context:
     worker: str = "worker"
     effects_run: int = field(default=0)
     effects_skipped: int = field(default=0)
+    workflow: StepContext | None = None
+    """For a workflow step: its workflow, step and index, and its predecessors' results
+    (`scheduler.workflows.steps.StepContext`); None for any other task."""
 
     @property
     def task_id(self) -> TaskId:

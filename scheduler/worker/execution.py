@@ -49,6 +49,8 @@ from scheduler.worker.job import Job
 from scheduler.worker.settle import Plan, running_report
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
 from scheduler.worker.visible import WorkerVisibility
+from scheduler.workflows import steps
+from scheduler.workflows.engine import Workflows
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
@@ -72,14 +74,17 @@ class Finished:
     skipped: bool = False
     """Not run: the worker was stopping before the job's turn in its chunk came."""
     duration_s: float | None = None
+    result: bytes | None = None
+    """A workflow step's result, encoded (`scheduler.workflows.steps`); None otherwise."""
 
 
 class Execution:
     def __init__(self, stats: WorkerStats, *, concurrency: int, member: str, ledger: EffectLedger | None,
                  settle: Callable[[Plan], None], stop: threading.Event,
                  on_started: Callable[[Job], None] | None = None,
-                 clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+                 clock_ms: Callable[[], int] = wall_clock_ms, workflows: Workflows | None = None) -> None:
         self._stats = stats
+        self._workflows = workflows
         self._clock_ms = clock_ms
         self.concurrency = concurrency
         self._ledger = ledger
@@ -133,8 +138,10 @@ class Execution:
             if self._on_started is not None:
                 self._on_started(job)
             self._settle(Plan(None, report=running_report(task)))
-            calls.append((job, Context(task, job.message.fence, self._ledger,
-                                       claim_s=(timeout or CLAIM_S) + 5.0, worker=self._instance)))
+            context = Context(task, job.message.fence, self._ledger, claim_s=(timeout or CLAIM_S) + 5.0,
+                              worker=self._instance)
+            context.workflow = steps.step_context(self._workflows, task)
+            calls.append((job, context))
         self._stats.started += len(jobs)
         if self.visible is not None:
             self.visible.started(jobs)
@@ -220,14 +227,22 @@ class Execution:
         except Exception as exc:  # a payload msgpack cannot read: no handler could
             return Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}", frees_slot=frees_slot)
         began = time.perf_counter()
+        encoded = None
         try:
+            if context.workflow is not None:
+                start = steps.before(context.workflow.workflows, job.message.task)
+                if start.done:  # the member ended before (its message is delivered again)
+                    return Finished(job, None, context=context, frees_slot=frees_slot, result=start.result)
             result = job.handler.function(context, payload)
             if inspect.isawaitable(result):  # an async handler behind a plain wrapper
-                asyncio.run(_awaited(result))
+                result = asyncio.run(_awaited(result))
+            if context.workflow is not None:
+                encoded = steps.encode_result(result)
         except BaseException as exc:  # a handler's failure is an outcome, never the worker's
             return Finished(job, exc, context=context, frees_slot=frees_slot,
                             duration_s=time.perf_counter() - began)
-        return Finished(job, None, context=context, frees_slot=frees_slot, duration_s=time.perf_counter() - began)
+        return Finished(job, None, context=context, frees_slot=frees_slot, duration_s=time.perf_counter() - began,
+                        result=encoded)
 
     async def _call_async(self, job: Job, context: Context) -> None:
         try:
@@ -235,14 +250,22 @@ class Execution:
         except Exception as exc:
             self._completions.put(Finished(job, exc, payload_error=f"payload cannot be decoded: {exc}"))
             return
+        encoded = None
         try:
+            if context.workflow is not None:
+                start = await asyncio.to_thread(steps.before, context.workflow.workflows, job.message.task)
+                if start.done:
+                    self._completions.put(Finished(job, None, context=context, result=start.result))
+                    return
             coroutine = job.handler.function(context, payload)
             timeout = job.handler.policy.timeout_s
-            await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
+            result = await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
+            if context.workflow is not None:
+                encoded = steps.encode_result(result)
         except BaseException as exc:
             self._completions.put(Finished(job, exc, context=context))
             return
-        self._completions.put(Finished(job, None, context=context))
+        self._completions.put(Finished(job, None, context=context, result=encoded))
 
     def _start_loop(self) -> None:
         loop = self._loop = asyncio.new_event_loop()

@@ -27,6 +27,7 @@ from dataclasses import replace
 from scheduler.errors import SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId
 from scheduler.ports import Delivery, StatusReport, TaskStatus
+from scheduler.ports.workflows import MemberOutcome
 from scheduler.visibility.history import AttemptRecord
 from scheduler.worker import dead_letters
 from scheduler.worker.context import EffectBusy
@@ -35,6 +36,7 @@ from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, ba
 from scheduler.worker.settle import Plan
 from scheduler.worker.stats import WorkerStats
 from scheduler.worker.visible import WorkerVisibility
+from scheduler.workflows.steps import StepCancelled, end_of
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
@@ -52,16 +54,19 @@ class Outcomes:
         self.visible: WorkerVisibility | None = None
         """Told of every attempt that ends (`scheduler status`)."""
 
-    def settle(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        """Plan the job's outcome (`error` None: done), then settle its followers."""
-        self._plan(job, error, payload_error)
+    def settle(self, job: Job, error: BaseException | None, payload_error: str | None,
+               result: bytes | None = None) -> None:
+        """Plan the job's outcome (`error` None: done; `result`: a workflow step's), then
+        settle its followers."""
+        self._plan(job, error, payload_error, result)
         for delivery in job.followers:  # settled once the outcome itself is
             if self.visible is not None and delivery[:3] != job.delivery[:3]:
                 # A second message of the attempt (published twice), not the same one delivered again.
                 self.visible.skipped(job.message.task, cancelled=False)
             self._submit(Plan(delivery))
 
-    def _plan(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
+    def _plan(self, job: Job, error: BaseException | None, payload_error: str | None,
+              result: bytes | None = None) -> None:
         task = job.message.task
         delivery = job.delivery
         if error is None:
@@ -70,7 +75,16 @@ class Outcomes:
             if self.visible is not None:
                 self.visible.ended("done", task)
             self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.DONE,
-                                                            record=self._record(job, delivery, "done", None))))
+                                                            record=self._record(job, delivery, "done", None)),
+                              step=end_of(task, MemberOutcome.DONE, result)))
+            return
+        if isinstance(error, StepCancelled):  # its workflow is cancelled: never run, recorded cancelled
+            self._stats.skipped_cancelled += 1
+            self._stats.count("skipped_cancelled", task)
+            if self.visible is not None:
+                self.visible.skipped(task, cancelled=True)
+            self._submit(Plan(delivery, report=StatusReport(task.id, task.attempt, TaskStatus.CANCELLED, str(error)),
+                              step=end_of(task, MemberOutcome.CANCELLED)))
             return
         text = describe(error)
         policy = job.handler.policy
@@ -127,7 +141,8 @@ class Outcomes:
             report = StatusReport(task.id, task.attempt, TaskStatus.DEAD, text,
                                   self._record(job, delivery, "dead", text))
         log.warning("dead-lettered %s (%s): %s", task_id or f"{delivery.topic}@{delivery.offset}", reason, error)
-        self._submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter)))
+        step = None if task is None else end_of(task, MemberOutcome.DEAD, error=dead_letters.bounded(error))
+        self._submit(Plan(delivery, report=report, dead_letter=dead_letters.encode_dead_letter(letter), step=step))
 
 
     def _record(self, job: Job | None, delivery: Delivery, outcome: str, error: str | None) -> str:

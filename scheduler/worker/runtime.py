@@ -71,6 +71,8 @@ from typing import Any
 
 from scheduler.errors import SchedulerError
 from scheduler.ports import Consumer, CountStore, EffectLedger, Handoff, Publisher, TaskStore, TopicPartition
+from scheduler.ports.workflows import WorkflowStore
+from scheduler.producer import Client
 from scheduler.visibility.labels import TypeLabels
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
@@ -85,6 +87,7 @@ from scheduler.worker.serving import DEFAULT_WEIGHTS
 from scheduler.worker.settle import Settler, SettlerStats
 from scheduler.worker.stats import WorkerStats, wall_clock_ms
 from scheduler.worker.visible import WorkerVisibility
+from scheduler.workflows.engine import Workflows
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,7 @@ class Worker:
         clock_ms: Callable[[], int] = wall_clock_ms,
         on_started: Callable[[Job], None] | None = None,
         counts: CountStore | None = None,
+        workflows: WorkflowStore | None = None,
     ) -> None:
         if config.concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {config.concurrency}")
@@ -151,9 +155,16 @@ class Worker:
         self._short_names = {topic: name for name, topic in config.topics.items()}
         self.cancel_watch = CancelWatch(store)
         self._commits = Commits(self.stats, interval_s=config.commit_interval_s)
+        self.visible = None if counts is None else WorkerVisibility(
+            counts, config.member, running=lambda: self._execution.running, start_lateness=self.stats.start_lateness,
+            detail=self._detail)
+        self.workflows = None if workflows is None else Workflows(
+            workflows, Client(store, handoff=handoff, events=None if self.visible is None else self.visible.events))
+        """Steps of workflows: checked before they start, followed when they end."""
         self._settler = Settler(
             store=store, handoff=handoff, publisher=publisher, dead_letter_topic=config.dead_letter_topic,
             on_settled=self._commits.settled, clock_ms=clock_ms,
+            on_steps=None if self.workflows is None else self.workflows.ended_many,
         )
         self._outcomes = Outcomes(self.stats, self._settler.submit, clock_ms, member=config.member)
         self._fences = Fences(store, self.stats, shard_count=config.shard_count, refresh_s=config.fence_refresh_s)
@@ -166,10 +177,7 @@ class Worker:
         )
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started,
-                                    clock_ms=clock_ms)
-        self.visible = None if counts is None else WorkerVisibility(
-            counts, config.member, running=lambda: self._execution.running, start_lateness=self.stats.start_lateness,
-            detail=self._detail)
+                                    clock_ms=clock_ms, workflows=self.workflows)
         self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.
@@ -321,14 +329,15 @@ class Worker:
             if finished.skipped:  # never run, never settled: delivered again to the next owner
                 self._intake.release(finished.job)
             else:
-                self._settle(finished.job, finished.error, finished.payload_error)
+                self._settle(finished.job, finished.error, finished.payload_error, finished.result)
 
     def _expire(self) -> None:
         for job, error in self._execution.expire():
             self._settle(job, error, None)
 
-    def _settle(self, job: Job, error: BaseException | None, payload_error: str | None) -> None:
-        self._outcomes.settle(job, error, payload_error)
+    def _settle(self, job: Job, error: BaseException | None, payload_error: str | None,
+                result: bytes | None = None) -> None:
+        self._outcomes.settle(job, error, payload_error, result)
         self._intake.release(job)
 
     def _revoked(self, partitions: list[TopicPartition]) -> None:

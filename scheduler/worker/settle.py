@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from scheduler.errors import QueueError, SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Task
 from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore
+from scheduler.workflows.engine import StepEnd
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,9 @@ class Plan:
     report: StatusReport | None = None
     retry: Task | None = None
     dead_letter: bytes | None = None
+    step: StepEnd | None = None
+    """How a workflow step's attempt ended: recorded, with what follows from it, before
+    the status (`scheduler.workflows.engine`)."""
 
 
 @dataclass
@@ -78,8 +82,10 @@ class Settler:
         interval_s: float = 0.2,
         max_batch: int = 5000,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        on_steps: Callable[[list[StepEnd]], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_steps = on_steps
         self._handoff = handoff
         self._publisher = publisher
         self._dead_letter_topic = dead_letter_topic
@@ -207,6 +213,9 @@ class Settler:
         repeats nothing harmful (a retry copy's row is fixed by its id and run_at).
         Returns the ids whose completions went out with their retries' hand-off."""
         completed: set[bytes] = set()
+        ends = [plan.step for plan in batch if plan.step is not None]
+        if ends and self._on_steps is not None:
+            self._on_steps(ends)  # before the statuses: a step shown ended has its successors
         retries = [plan.retry for plan in batch if plan.retry is not None]
         if retries:
             failures = self._store.insert(retries)
