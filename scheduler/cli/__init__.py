@@ -9,6 +9,7 @@ and `main`, which turns the scheduler's errors into exit codes.
     dead_letters.py  dlq list|replay
     limits.py        limits set|show|reset
     schedules.py     schedule add|list|pause|resume|delete|preview
+    workflows.py     workflow submit|show|cancel
     status.py        status
     ui.py            ui (the status page)
     demo.py          demo
@@ -25,7 +26,19 @@ import sys
 import click
 
 from scheduler import __version__
-from scheduler.cli import dead_letters, demo, dispatcher, limits, schedules, schema, status, tasks, ui, worker
+from scheduler.cli import (
+    dead_letters,
+    demo,
+    dispatcher,
+    limits,
+    schedules,
+    schema,
+    status,
+    tasks,
+    ui,
+    worker,
+    workflows,
+)
 from scheduler.cli.options import Exit
 from scheduler.errors import (
     ConfigError,
@@ -48,7 +61,8 @@ def cli() -> None:
 
 
 for command in (schema.schema, tasks.submit, tasks.get, tasks.cancel, dispatcher.dispatcher, worker.worker,
-                dead_letters.dlq, limits.limits, schedules.schedule, status.status, ui.ui, demo.demo):
+                dead_letters.dlq, limits.limits, schedules.schedule, workflows.workflow, status.status, ui.ui,
+                demo.demo):
     cli.add_command(command)
 
 
