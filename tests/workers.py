@@ -60,7 +60,7 @@ class Workers:
         Sink(self.sink_path).close()  # the tables exist before any worker or reader opens it
 
     def start(self, name: str, *args: str, pool: str = "default", concurrency: int | None = None,
-              session_timeout_s: float = SESSION_TIMEOUT_S) -> WorkerProcess:
+              session_timeout_s: float = SESSION_TIMEOUT_S, env: Mapping[str, str] | None = None) -> WorkerProcess:
         log_path = self.directory / f"worker-{name}.log"
         stats_path = self.directory / f"worker-{name}.json"
         log_file = log_path.open("wb")
@@ -70,7 +70,7 @@ class Workers:
             command += ["--concurrency", str(concurrency)]
         process = subprocess.Popen(
             [*command, *args], stdout=subprocess.DEVNULL, stderr=log_file, cwd=REPO,
-            env={**os.environ, **self.env, "SCHEDULER_TEST_SINK": str(self.sink_path)},
+            env={**os.environ, **self.env, "SCHEDULER_TEST_SINK": str(self.sink_path), **(env or {})},
         )
         worker = WorkerProcess(name, process, log_path, stats_path, log_file)
         self.workers.append(worker)

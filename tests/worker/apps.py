@@ -10,6 +10,8 @@ kills. Behaviour is chosen by the payload:
     {"mode": "sleep", "s": 0.2}         sleep, then return
     {"mode": "fail"}                    raise a retryable error (every attempt)
     {"mode": "permanent"}               raise a permanent error
+    {"mode": "permanent_once", "marker": P}  the first run creates file P and raises a
+                                        permanent error; later runs return
     {"mode": "wait_for", "path": P}     wait (up to 60 s) until file P exists
     {"mode": "block_once", "marker": P} the first run creates file P and blocks for
                                         minutes (to be killed); later runs return
@@ -19,12 +21,20 @@ kills. Behaviour is chosen by the payload:
 
 The `fair` handler records a span per run (tenant, cost, start, end), so a test can
 measure how many of a tenant's tasks ran at once, and when they started.
+
+The `step` handler is for workflow steps: it behaves as above and returns a result,
+`{"step", "index", "input"}` plus, for a join, `"joined"`: how many results of the steps
+it waited for it read. With `SCHEDULER_TEST_CRASH_AFTER_STEP_END=P` in its environment,
+the worker process kills itself (SIGKILL) the first time a step's end has been recorded
+and nothing has followed from it yet, creating file P first: a crash at exactly the
+point between a step's end and its successor's creation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -102,6 +112,11 @@ def behave(ctx: Context, payload: dict[str, Any]) -> None:
         raise RuntimeError(f"provider timed out (attempt {ctx.attempt})")
     elif mode == "permanent":
         raise PermanentError(f"invalid phone number {payload.get('to', '+00')}")
+    elif mode == "permanent_once":
+        marker = Path(payload["marker"])
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            raise PermanentError("the batch's template is missing (this once)")
     elif mode == "wait_for":
         deadline = time.monotonic() + 60
         while not Path(payload["path"]).exists() and time.monotonic() < deadline:
@@ -151,3 +166,35 @@ def fair(ctx: Context, payload: dict[str, Any]) -> None:
     row = sink().span_started(ctx)
     time.sleep(float(payload.get("s", 0)))
     sink().span_ended(row)
+
+
+@app.handler("step")
+def step(ctx: Context, payload: dict[str, Any]) -> dict[str, Any]:
+    behave(ctx, payload or {})
+    flow = ctx.workflow
+    assert flow is not None, "a 'step' task that is not a workflow step"
+    result: dict[str, Any] = {"step": flow.step, "index": flow.index, "input": flow.input}
+    definition = flow.workflows.definition(flow.tenant, flow.workflow_id)
+    spec = None if definition is None else definition.by_name.get(flow.step)
+    if spec is not None and spec.after:
+        result["joined"] = sum(r is not None for name in spec.after for r in flow.results(name))
+    return result
+
+
+def _crash_after_step_end(marker: Path) -> None:
+    """Patch the engine of this worker process (see the module docstring)."""
+    from scheduler.workflows import engine
+
+    advance = engine.Workflows._advance
+
+    def crashing(self: engine.Workflows, *args: Any, **kwargs: Any) -> None:
+        if not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        advance(self, *args, **kwargs)
+
+    engine.Workflows._advance = crashing  # type: ignore[method-assign]
+
+
+if os.environ.get("SCHEDULER_TEST_CRASH_AFTER_STEP_END"):
+    _crash_after_step_end(Path(os.environ["SCHEDULER_TEST_CRASH_AFTER_STEP_END"]))
