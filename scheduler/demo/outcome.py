@@ -117,15 +117,18 @@ def summarise(planned: Sequence[Planned], rows: Mapping[TaskId, StoredTask], sen
 
 
 def against_status(tenants: Mapping[str, Mapping[str, Any]], status: Status,
-                   killed_worker_tasks: int) -> dict[str, Any]:
+                   killed_worker_tasks: int, killed_dispatcher_tasks: int = 0) -> dict[str, Any]:
     """What `scheduler status` shows per tenant (from the counts the processes wrote, not
     from the tasks) beside the reconciled tasks, and a verdict:
 
     - `same`: every tenant's done and dead are the tasks', and no task is shown in
       another state;
-    - `within_kill`: dead the same, and the done tasks the counts miss (shown another
-      state or not at all) no more than `killed_worker_tasks`, the tasks the killed
-      worker started: a process killed with kill -9 never writes its last ~2 s of counts;
+    - `within_kill`: dead the same, the done tasks the counts miss (shown another state
+      or not at all) no more than `killed_worker_tasks`, the tasks the killed worker
+      started, and the tasks shown in another state no more than those plus
+      `killed_dispatcher_tasks`, the tasks the killed dispatcher may have fired in its
+      last seconds (done, but their `fired` count lost: shown waiting as well). A process
+      killed with kill -9 never writes its last ~2 s of counts;
     - `differs`: anything else."""
     shown: dict[str, dict[str, int]] = {tenant: dict.fromkeys(STATES, 0) for tenant in tenants}
     for (tenant, _), levels in status.levels.items():
@@ -134,6 +137,7 @@ def against_status(tenants: Mapping[str, Mapping[str, Any]], status: Status,
             row[state] += n
     differences = []
     missing_done = 0
+    extra_others = 0
     explained = True
     for tenant, row in shown.items():
         figures = tenants.get(tenant, {"done": 0, "dead": 0})
@@ -144,11 +148,13 @@ def against_status(tenants: Mapping[str, Mapping[str, Any]], status: Status,
         short = figures["done"] - row["done"]
         others = sum(row[state] for state in STATES if state not in ("done", "dead"))
         missing_done += max(short, 0)
-        explained &= row["dead"] == figures["dead"] and short >= 0 and others <= short
+        extra_others += max(others - max(short, 0), 0)
+        explained &= row["dead"] == figures["dead"] and short >= 0
     verdict = "same" if not differences else (
-        "within_kill" if explained and missing_done <= killed_worker_tasks else "differs")
+        "within_kill" if explained and missing_done <= killed_worker_tasks
+        and extra_others <= killed_dispatcher_tasks else "differs")
     return {"tenants": shown, "verdict": verdict, "differences": differences,
-            "killed_worker_tasks": killed_worker_tasks}
+            "killed_worker_tasks": killed_worker_tasks, "killed_dispatcher_tasks": killed_dispatcher_tasks}
 
 
 def render(summary: Mapping[str, Any]) -> list[str]:
@@ -181,8 +187,8 @@ def render(summary: Mapping[str, Any]) -> list[str]:
         differences = "; ".join(status["differences"])
         lines.append(f"  scheduler status shows {shown}: " + {
             "same": "the same as the tasks",
-            "within_kill": f"{differences}: done tasks whose counts the killed worker had not yet written (a "
-                           "process killed with kill -9 takes its last ~2 s of counts with it)",
+            "within_kill": f"{differences}: tasks whose counts the killed worker or dispatcher had not yet "
+                           "written (a process killed with kill -9 takes its last ~2 s of counts with it)",
             "differs": f"NOT the tasks: {differences}",
         }[status["verdict"]])
     for event in summary["events"]:

@@ -38,7 +38,7 @@ from scheduler.visibility.status import read_status
 from .app import GATEWAY_ENV
 from .board import Board, Frame
 from .fleet import Fleet, Member
-from .gateway import Gateway, now_ms
+from .gateway import Gateway, Start, now_ms
 from .local import LEASE_TIMEOUT_S, LocalDeployment
 from .outcome import Planned, against_status, status_counts, summarise
 from .story import BOARD, COLLEGE, RESULT_TYPE, Story
@@ -81,6 +81,7 @@ class Stage:
     events: list[dict[str, Any]] = field(default_factory=list)
     worker_killed: bool = False
     dispatcher_killed: Member | None = None
+    killed_shards: frozenset[int] = frozenset()
     reowned: bool = False
 
     def note(self, what: str, **figures: Any) -> None:
@@ -200,7 +201,8 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
                 _kill_a_worker_mid_batch(fleet, gateway, batch_sizes, stage)
             if stage.dispatcher_killed is None and now_ms() >= kill_dispatcher_ms:
                 victim = fleet.of_kind("dispatcher")[0]
-                held = len(victim.shards())
+                stage.killed_shards = frozenset(victim.shards())
+                held = len(stage.killed_shards)
                 victim.kill(now_ms())
                 stage.dispatcher_killed = victim
                 stage.note(f"{victim.name} killed (kill -9) holding {held} shards, the reminders of them loaded")
@@ -230,11 +232,30 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
                         (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
     summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
     killed = {m.process.pid for m in fleet.of_kind("worker") if m.killed_at_ms is not None}
+    starts = gateway.starts()
     with backends.open_counts(settings, store) as counts:
         status = read_status(store, counts, shards=False)
     summary["status"] = against_status(summary["tenants"], status,
-                                       len({start.task for start in gateway.starts() if start.pid in killed}))
+                                       len({start.task for start in starts if start.pid in killed}),
+                                       _fired_unwritten(stage, starts, store.shard_count))
     return summary
+
+
+UNWRITTEN_MS = 10_000
+"""How far before its kill a dispatcher's fired counts may still be unwritten: it writes
+them every 2 s (`scheduler.visibility.writer`), on a busy machine later."""
+
+
+def _fired_unwritten(stage: Stage, starts: list[Start], shard_count: int) -> int:
+    """The tasks the killed dispatcher may have fired without writing their `fired` count:
+    of the shards it held, started (so fired before that) no earlier than `UNWRITTEN_MS`
+    before the kill. Each may show `waiting` beside its `done`."""
+    killed = stage.dispatcher_killed
+    if killed is None or killed.killed_at_ms is None:
+        return 0
+    since = killed.killed_at_ms - UNWRITTEN_MS
+    return len({start.task for start in starts if start.started_ms >= since
+                and TaskId.parse(start.task).shard(shard_count) in stage.killed_shards})
 
 
 def _fairness(story: Story, gateway: Gateway, reminders_at_ms: int) -> dict[str, Any]:

@@ -24,16 +24,19 @@ SMALL = ("--results", "1500", "--batch", "300", "--reminders", "8", "--reminder-
 
 def check_status_beside(summary: dict[str, Any]) -> None:
     """`scheduler status`, read by the demo at the end, shows what the tasks did: the dead
-    task exactly, and every done task but those a killed worker had not yet counted,
-    which show in no other state than the one before done."""
+    task exactly, every done task but those a killed worker had not yet counted, and in
+    another state no more than those and the tasks the killed dispatcher may have fired
+    without counting them (a process killed with kill -9 loses its last ~2 s of counts)."""
     status = summary["status"]
     assert status["verdict"] in ("same", "within_kill"), status
+    extra = 0
     for tenant, figures in summary["tenants"].items():
         shown = status["tenants"][tenant]
         assert shown["dead"] == figures["dead"], status
         short = figures["done"] - shown["done"]
         assert 0 <= short <= status["killed_worker_tasks"], status
-        assert sum(n for state, n in shown.items() if state not in ("done", "dead")) <= short, status
+        extra += max(sum(n for state, n in shown.items() if state not in ("done", "dead")) - short, 0)
+    assert extra <= status["killed_dispatcher_tasks"], status
     assert (status["verdict"] == "same") == (not status["differences"])
 
 

@@ -8,10 +8,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from scheduler.demo.gateway import Start
-from scheduler.demo.outcome import Planned, percentiles, status_counts, summarise
+from scheduler.demo.outcome import Planned, against_status, percentiles, status_counts, summarise
 from scheduler.demo.story import BOARD, COLLEGE, Story
 from scheduler.model import Priority, Task, TaskId
 from scheduler.ports import StoredTask, TaskStatus
+from scheduler.visibility.counts import Levels
+from scheduler.visibility.status import Status
 
 AT = 1_796_299_771_000
 
@@ -81,3 +83,38 @@ def test_the_story_plans_batches_reminders_and_one_doomed_reminder() -> None:
     assert [item.payload["to"] for item in reminders].count("+910000000000") == 1
     assert reminders[-1].payload["to"] == "+910000000000" and story.expected_sms() == 1001 + 2
     assert story.plan(AT) == items  # the same seed, the same story
+
+# The verdict on `scheduler status` beside the tasks: what a killed worker or dispatcher may
+# leave unwritten is explained, nothing more.
+
+TASKS = {"state-board": {"done": 5, "dead": 0}, "city-college": {"done": 7, "dead": 1}}
+
+
+def shown_status(board: Levels, college: Levels) -> Status:
+    return Status(at_ms=0, since_ms=0, tenant=None, type=None,
+                  levels={("state-board", "results"): board, ("city-college", "reminder"): college},
+                  total=Levels(0, 0, 0, 0, 0, 0, 0), per_minute=[], lateness={}, shards=[], processes=[],
+                  stalest_ms=None)
+
+
+def test_counts_that_match_the_tasks_are_the_same() -> None:
+    verdict = against_status(TASKS, shown_status(Levels(0, 0, 0, 0, 5, 0, 0), Levels(0, 0, 0, 0, 7, 1, 0)), 0)
+    assert verdict["verdict"] == "same" and verdict["differences"] == []
+
+
+def test_a_done_the_killed_worker_did_not_count_is_explained_by_it_alone() -> None:
+    shown = shown_status(Levels(0, 0, 1, 0, 4, 0, 0), Levels(0, 0, 0, 0, 7, 1, 0))
+    assert against_status(TASKS, shown, 1)["verdict"] == "within_kill"
+    assert against_status(TASKS, shown, 0)["verdict"] == "differs"
+
+
+def test_a_fired_count_the_killed_dispatcher_did_not_write_is_explained_by_it_alone() -> None:
+    """Done counted, its `fired` lost with the dispatcher: the task shows waiting as well."""
+    shown = shown_status(Levels(1, 0, 0, 0, 5, 0, 0), Levels(0, 0, 0, 0, 7, 1, 0))
+    assert against_status(TASKS, shown, 3, 1)["verdict"] == "within_kill"
+    assert against_status(TASKS, shown, 3, 0)["verdict"] == "differs"
+
+
+def test_a_dead_task_miscounted_is_never_explained() -> None:
+    shown = shown_status(Levels(0, 0, 0, 0, 5, 0, 0), Levels(0, 0, 0, 0, 8, 0, 0))
+    assert against_status(TASKS, shown, 10, 10)["verdict"] == "differs"
