@@ -106,8 +106,10 @@ class WorkflowStore(Protocol):
         ...
 
     def record_member(self, tenant: str, workflow_id: str, member: Member, result: bytes | None) -> None:
-        """Write how a member ended (replacing what was recorded: a replay that
-        succeeds after the member was dead), with its result when it has one."""
+        """Write how a member ended, with its result when it has one. Done wins: a done
+        end replaces a dead one (a dead-letter replay that succeeded), but a dead or
+        cancelled end never replaces a done one (another copy of the member, run at the
+        same time, that died), whatever order the writes land in."""
         ...
 
     def members(self, tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:

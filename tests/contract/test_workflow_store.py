@@ -96,6 +96,21 @@ def test_recording_a_member_twice_keeps_one_and_a_later_outcome_replaces_it(work
     assert workflows.results(TENANT, "wf-1", "a") == {0: b"\xa2ok"}
 
 
+def test_a_dead_or_cancelled_end_of_another_copy_never_undoes_a_done_one(workflows: WorkflowStore) -> None:
+    """Two copies of a member ran at once (a rebalance): one succeeded, the other died or
+    found the workflow cancelled after; the member stays done, with its result."""
+    created(workflows)
+    done = member("a", 0, DONE, attempt=1)
+    workflows.record_member(TENANT, "wf-1", done, b"\xa2ok")
+    workflows.record_member(TENANT, "wf-1", member("a", 0, DEAD, attempt=1, error="timeout"), None)
+    workflows.record_member(TENANT, "wf-1", member("a", 0, MemberOutcome.CANCELLED, attempt=1), None)
+    (stored,) = workflows.members(TENANT, "wf-1")
+    assert (stored.outcome, stored.error) == (DONE, None)
+    assert workflows.results(TENANT, "wf-1", "a") == {0: b"\xa2ok"}
+    state, checked, result = workflows.start_check(TENANT, "wf-1", "a", 0)
+    assert state is RUNNING and checked is not None and checked.outcome is DONE and result == b"\xa2ok"
+
+
 def test_members_are_filtered_by_step(workflows: WorkflowStore) -> None:
     created(workflows)
     recorded = [member("a", 0), member("a", 1, DEAD, error="x"), member("b", 0), member("c", 0)]

@@ -28,6 +28,12 @@ if it was applied), a transition the state the workflow has.
 
 A member's "no error" is written as '' rather than null (a null would be a tombstone
 per member) and read back as None.
+
+Done wins: a member that ended done has `done_ms` (and its result) set, cells that only
+a done end writes; a dead or cancelled end of another copy of the same member (two
+copies run at once after a rebalance) writes only `outcome` and its own cells, so it
+never undoes the done, whatever the order of the writes or the writers' clocks, and a
+dead-letter replay that succeeds reads as done even if its writer's clock is behind.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ if TYPE_CHECKING:
 
 _KEY = "tenant = ? AND workflow = ?"
 _MEMBER = "outcome, task_id, attempt, finished_ms, error"
+_MEMBER_READ = f"{_MEMBER}, done_ms"
 _RECORD = "definition, state, created_ms, ended_ms"
 
 _QUERIES = {
@@ -60,13 +67,16 @@ _QUERIES = {
               "VALUES (?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "read": f"SELECT {_RECORD} FROM {{keyspace}}.workflows WHERE {_KEY} LIMIT 1",
     "state": f"SELECT state FROM {{keyspace}}.workflows WHERE {_KEY} LIMIT 1",
-    "member": f"SELECT {_MEMBER}, result FROM {{keyspace}}.workflows "
+    "member": f"SELECT {_MEMBER_READ}, result FROM {{keyspace}}.workflows "
               f"WHERE {_KEY} AND kind = 'm' AND step = ? AND idx = ?",
+    "record_done": "INSERT INTO {keyspace}.workflows "
+                   f"(tenant, workflow, kind, step, idx, {_MEMBER}, result, done_ms) "
+                   "VALUES (?, ?, 'm', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "record_member": "INSERT INTO {keyspace}.workflows "
-                     f"(tenant, workflow, kind, step, idx, {_MEMBER}, result) "
-                     "VALUES (?, ?, 'm', ?, ?, ?, ?, ?, ?, ?, ?)",
-    "members": f"SELECT step, idx, {_MEMBER} FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm'",
-    "members_of": f"SELECT step, idx, {_MEMBER} FROM {{keyspace}}.workflows "
+                     f"(tenant, workflow, kind, step, idx, {_MEMBER}) "
+                     "VALUES (?, ?, 'm', ?, ?, ?, ?, ?, ?, ?)",
+    "members": f"SELECT step, idx, {_MEMBER_READ} FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm'",
+    "members_of": f"SELECT step, idx, {_MEMBER_READ} FROM {{keyspace}}.workflows "
                   f"WHERE {_KEY} AND kind = 'm' AND step IN ?",
     "results": f"SELECT idx, result FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm' AND step = ?",
     "claim": f"UPDATE {{keyspace}}.workflows SET run_at_ms = ? WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ? "
@@ -126,24 +136,28 @@ class CassandraWorkflowStore:
 
     def start_check(self, tenant: str, workflow_id: str, step: str, index: int
                     ) -> tuple[WorkflowState | None, Member | None, bytes | None]:
+        # The member first, the state last: the state read is the one a cancel races, so
+        # it is made as close to the handler's start as this check allows.
+        row = self._run("member", (tenant, workflow_id, step, index)).one()
         state = self._state(tenant, workflow_id)
         if state is None:
             return None, None, None
-        row = self._run("member", (tenant, workflow_id, step, index)).one()
         if row is None or row[0] is None:
             return state, None, None
-        member = _member((step, index, *row[:5]))
-        return state, member, None if row[5] is None else bytes(row[5])
+        member = _member((step, index, *row[:6]))
+        return state, member, None if row[6] is None else bytes(row[6])
 
     def _state(self, tenant: str, workflow_id: str) -> WorkflowState | None:
         row = self._run("state", (tenant, workflow_id)).one()
         return None if row is None or row[0] is None else WorkflowState(row[0])
 
     def record_member(self, tenant: str, workflow_id: str, member: Member, result: bytes | None) -> None:
-        self._run("record_member", (
-            tenant, workflow_id, member.step, member.index, member.outcome.value, member.task_id.uuid,
-            member.attempt, member.finished_ms, member.error or "", result,
-        ))
+        row = (tenant, workflow_id, member.step, member.index, member.outcome.value, member.task_id.uuid,
+               member.attempt, member.finished_ms, member.error or "")
+        if member.outcome is MemberOutcome.DONE:
+            self._run("record_done", (*row, result, member.finished_ms))
+        else:
+            self._run("record_member", row)
 
     def members(self, tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:
         if steps is None:
@@ -199,7 +213,9 @@ def _record(tenant: str, workflow_id: str, row: Any) -> WorkflowRecord:
 
 
 def _member(row: Any) -> Member:
-    step, index, outcome, task_id, attempt, finished_ms, error = row
+    step, index, outcome, task_id, attempt, finished_ms, error, done_ms = row
+    if done_ms is not None:  # done once is done: a later dead or cancelled copy does not undo it
+        return Member(step, index, MemberOutcome.DONE, TaskId.from_uuid(task_id), attempt, done_ms)
     return Member(step, index, MemberOutcome(outcome), TaskId.from_uuid(task_id), attempt, finished_ms,
                   error or None)
 

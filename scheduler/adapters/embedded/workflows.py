@@ -120,7 +120,9 @@ class SqliteWorkflowStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO UPDATE SET outcome = excluded.outcome, task_id = excluded.task_id, "
                 "attempt = excluded.attempt, finished_ms = excluded.finished_ms, error = excluded.error, "
-                "result = excluded.result",
+                "result = excluded.result "
+                # Done wins: another copy's dead or cancelled end never undoes a done one.
+                "WHERE workflow_members.outcome != 'done' OR excluded.outcome = 'done'",
                 (tenant, workflow_id, member.step, member.index, member.outcome.value, member.task_id.bytes,
                  member.attempt, member.finished_ms, member.error or None, result),
             )
