@@ -176,8 +176,10 @@ class Workflows:
 
     def ended_many(self, ends: Sequence[StepEnd]) -> None:
         """`ended` for a settler's batch, `ENDED_THREADS` at a time (a join's read and
-        a claim are round trips). `SchedulerError` if any failed: the batch is retried.
-        Any other error is a defect, logged, and does not hold up the worker."""
+        a claim are round trips). Raises what any raised, after all were tried: the
+        batch is then retried, its statuses unwritten and its messages uncommitted, so a
+        successor is never lost to an error, however unexpected (it is logged with the
+        step it concerns)."""
         if len(ends) == 1:
             self._ended_logged(ends[0])
             return
@@ -185,7 +187,9 @@ class Workflows:
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(ENDED_THREADS, thread_name_prefix="workflow")
             pool = self._pool
-        for future in [pool.submit(self._ended_logged, end) for end in ends]:
+        futures = [pool.submit(self._ended_logged, end) for end in ends]
+        concurrent.futures.wait(futures)
+        for future in futures:
             future.result()
 
     def _ended_logged(self, end: StepEnd) -> None:
@@ -195,6 +199,7 @@ class Workflows:
             raise
         except Exception:
             log.exception("following the end of step task %s (%s) failed", end.task.id, end.task.idempotency_key)
+            raise
 
     def close(self) -> None:
         if self._pool is not None:
@@ -208,9 +213,13 @@ class Workflows:
             return  # only a cancelled workflow cancels its steps
         record = self.store.read(tenant, workflow_id)
         state = None if record is None else record.state
-        if outcome is MemberOutcome.DEAD and not definition.tolerated(step.name):
-            self._fail(tenant, workflow_id, definition)
-            return
+        if outcome is MemberOutcome.DEAD:
+            _, stored, _ = self.store.start_check(tenant, workflow_id, step.name, index)
+            if stored is not None and stored.outcome is MemberOutcome.DONE:
+                return  # another copy of the member succeeded: done wins, and its settle advanced
+            if not definition.tolerated(step.name):
+                self._fail(tenant, workflow_id, definition)
+                return
         if state is WorkflowState.FAILED and outcome is MemberOutcome.DONE:
             self._reopen(tenant, workflow_id, definition)
             return
@@ -253,13 +262,24 @@ class Workflows:
             self._create(tenant, workflow_id, definition.on_failure, WHOLE, WorkflowState.FAILED)
 
     def _reopen(self, tenant: str, workflow_id: str, definition: Definition) -> None:
-        members = self.store.members(tenant, workflow_id)
-        if any(m.outcome is MemberOutcome.DEAD and not definition.tolerated(m.step) for m in members):
+        """Open a failed workflow again once no member is dead. A member that dies while
+        this runs records its end and then tries to fail the workflow, which is still
+        failed, so does nothing; this reads the members again after opening it, and
+        fails it again if one died: one of the two always sees the other."""
+        if self._any_dead(tenant, workflow_id, definition):
             return
         state = self.store.transition(tenant, workflow_id, (WorkflowState.FAILED,), WorkflowState.RUNNING,
                                       self._now_ms())
-        if state is WorkflowState.RUNNING:
-            self.sweep(tenant, workflow_id)
+        if state is not WorkflowState.RUNNING:
+            return
+        if self._any_dead(tenant, workflow_id, definition):
+            self._fail(tenant, workflow_id, definition)
+            return
+        self.sweep(tenant, workflow_id)
+
+    def _any_dead(self, tenant: str, workflow_id: str, definition: Definition) -> bool:
+        return any(m.outcome is MemberOutcome.DEAD and not definition.tolerated(m.step)
+                   for m in self.store.members(tenant, workflow_id))
 
     def sweep(self, tenant: str, workflow_id: str) -> None:
         """Create whatever the stored outcomes say should exist and does not (a workflow
@@ -354,7 +374,7 @@ class Workflows:
         assert definition is not None
         ids = [task_id for claim in self.store.claims(tenant, workflow_id)
                for task_id in _claim_ids(tenant, workflow_id, definition, claim)]
-        return state, self.client.cancel_many(ids, tenant) if ids else {}
+        return state, self.client.cancel_many(ids, tenant, workflow_steps=True)
 
     def definition(self, tenant: str, workflow_id: str) -> Definition | None:
         """The workflow's definition (kept once read: it never changes)."""

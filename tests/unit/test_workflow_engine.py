@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
+from scheduler.errors import InvalidTask
 from scheduler.model import Task, TaskId, encode_payload
 from scheduler.ports import CancelOutcome, TaskStatus
 from scheduler.ports.workflows import WHOLE, Member, MemberOutcome, WorkflowState
@@ -160,6 +162,45 @@ def test_a_dead_step_fails_the_workflow_skips_what_follows_and_runs_the_on_failu
     assert {("send", 0), ("send", 1)} <= rig.created(wf)  # including the one skipped while failed
 
 
+def test_a_member_that_dies_while_a_replay_reopens_the_workflow_fails_it_again(rig: Rig) -> None:
+    """render[0] died; its replay succeeds and reopens the workflow; render[1] dies just
+    after the reopen read the members, so its own attempt to fail the workflow finds it
+    still failed and does nothing. The reopen reads again after opening it and fails it:
+    the workflow is not left running with a dead member."""
+    wf = rig.flows.submit(results_day(2))
+    rig.end(wf, "render", 0, MemberOutcome.DEAD)
+    dead = rig.task(wf, "render", 0)
+    replayed = Task(TaskId.for_key(dead.run_at_ms + 5_000, TENANT, dead.idempotency_key or ""), TENANT, dead.type,
+                    dead.payload, dead.run_at_ms + 5_000, idempotency_key=dead.idempotency_key)
+    reads = rig.store.members
+    injected: list[bool] = []
+
+    def members_then_a_death(tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:
+        found = reads(tenant, workflow_id, steps)
+        if not injected:  # the reopen's first read: render[1] dies now, while the workflow is still failed
+            injected.append(True)
+            rig.end(wf, "render", 1, MemberOutcome.DEAD)
+        return found
+
+    rig.store.members = members_then_a_death  # type: ignore[method-assign]
+    rig.flows.ended(StepEnd(replayed, MemberOutcome.DONE))
+    rig.store.members = reads  # type: ignore[method-assign]
+    assert injected
+    assert rig.state(wf) is WorkflowState.FAILED
+    assert [c.step for c in rig.store.claims(TENANT, wf)].count("alert") == 1  # the on-failure step, once
+
+
+def test_a_copy_that_dies_after_another_copy_succeeded_changes_nothing(rig: Rig) -> None:
+    """Two copies of render[0] ran at once (a rebalance): one succeeded, then the other
+    died. The member stays done with its result, the workflow running, send[0] created."""
+    wf = rig.flows.submit(results_day(2))
+    rig.end(wf, "render", 0, result={"pdfs": 3})
+    rig.end(wf, "render", 0, MemberOutcome.DEAD)
+    assert rig.state(wf) is WorkflowState.RUNNING
+    assert ("send", 0) in rig.created(wf) and ("alert", 0) not in rig.created(wf)
+    assert rig.flows.results(TENANT, wf, "render") == [{"pdfs": 3}, None]
+
+
 def test_a_dead_member_before_an_all_finished_join_does_not_fail_the_workflow(rig: Rig) -> None:
     wf = rig.flows.submit(Workflow(TENANT, [Step("send", "s", count=3), Step("report", "r", after=["send"],
                                                                              join="all_finished")],
@@ -190,6 +231,25 @@ def test_a_cancelled_workflow_cancels_its_steps_and_creates_nothing_more(rig: Ri
     assert set(again[1].values()) == {CancelOutcome.ALREADY_CANCELLED}
     assert rig.flows.cancel(TENANT, "no-such") is None
     assert rig.flows.cancel("another-tenant", wf) is None
+
+
+def test_a_step_cannot_be_forged_nor_cancelled_alone(rig: Rig) -> None:
+    """A task with a step's key would be taken for that step when it ends, and a step
+    cancelled alone would leave its workflow waiting for ever: the producer refuses both,
+    and nothing is written."""
+    wf = rig.flows.submit(results_day(2))
+    with pytest.raises(InvalidTask, match="workflow steps"):
+        rig.client.submit("send_sms", {}, idempotency_key=step_key(wf, "send", 0),
+                          run_at=datetime.now(UTC))
+    assert rig.created(wf) == {("render", 0), ("render", 1)}
+    render = rig.task(wf, "render", 0)
+    with pytest.raises(InvalidTask, match="cancel its workflow"):
+        rig.client.cancel(render.id, TENANT)
+    stored = rig.tasks.get(render.id)
+    assert stored is not None and stored.status is TaskStatus.SCHEDULED
+    rig.end(wf, "render", 0)
+    rig.end(wf, "render", 1)
+    assert rig.created(wf) >= {("send", 0), ("send", 1)}
 
 
 def test_submitting_again_is_safe_and_another_definition_under_the_same_id_is_refused(rig: Rig) -> None:
