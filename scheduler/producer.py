@@ -80,6 +80,7 @@ from scheduler.model import (
 )
 from scheduler.ports import CancelOutcome, Handoff, InsertFailure, StoredTask, TaskStore
 from scheduler.visibility.counts import EventCounter, count_pairs
+from scheduler.workflows.definition import KEY_PREFIX as STEP_KEY_PREFIX
 
 if TYPE_CHECKING:
     from scheduler.workflows.engine import Workflows
@@ -321,6 +322,9 @@ class Client:
             task_id = TaskId.new(run_at_ms)
         elif isinstance(idempotency_key, str) and idempotency_key:
             _check_text("idempotency key", idempotency_key)
+            if idempotency_key.startswith(STEP_KEY_PREFIX):
+                raise InvalidTask(f"idempotency keys starting {STEP_KEY_PREFIX!r} name workflow steps, which only a "
+                                  "workflow creates (client.workflows.submit): choose another key")
             task_id = TaskId.for_key(run_at_ms, tenant, idempotency_key)
         else:
             raise InvalidTask("an idempotency key, when given, must be a non-empty string")
@@ -538,41 +542,44 @@ class Client:
         task_id = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
         return self.cancel_many([task_id], tenant)[task_id]
 
-    def cancel_many(self, task_ids: Iterable[TaskId | str], tenant: str | None = None) -> dict[TaskId, CancelOutcome]:
+    def cancel_many(self, task_ids: Iterable[TaskId | str], tenant: str | None = None, *,
+                    workflow_steps: bool = False) -> dict[TaskId, CancelOutcome]:
         """`cancel` each task, waiting `cancels.SETTLE_MS` once for them all (not once
         each): the outcome of each, by id. A store that fails part-way raises `StoreError`
         after that wait, so the cancels already answered are definite; cancelling the rest
-        again is safe (a cancelled task answers `ALREADY_CANCELLED`)."""
+        again is safe (a cancelled task answers `ALREADY_CANCELLED`).
+
+        A workflow's step is refused (`InvalidTask`, nothing cancelled): its workflow
+        would wait for it for ever; cancel the workflow (`client.workflows.cancel`).
+        `workflow_steps=True` is that cancel's own way in, and always waits the settle
+        time (a replayed step's task is not among the ids it can derive)."""
         tenant = tenant if tenant is not None else self.tenant
         if not isinstance(tenant, str) or not tenant:
             raise InvalidTask("cancel needs the tenant that owns the task")
         ids = [TaskId.parse(task_id) if isinstance(task_id, str) else task_id for task_id in task_ids]
+        rows = self.store.get_many(ids) if self.events is not None or not workflow_steps else {}
+        if not workflow_steps:
+            for stored in rows.values():
+                key = stored.task.idempotency_key
+                if stored.task.tenant == tenant and key is not None and key.startswith(STEP_KEY_PREFIX):
+                    raise InvalidTask(f"task {stored.task.id} is a workflow's step ({key}): cancel its workflow "
+                                      "(scheduler workflow cancel), or its workflow would wait for it for ever")
         outcomes: dict[TaskId, CancelOutcome] = {}
         in_flight: list[TaskId] = []
         try:
             for task_id in ids:
                 outcome = outcomes[task_id] = self.store.cancel(task_id, tenant)
-                if outcome is CancelOutcome.CANCELLED and self.events is not None:
-                    self._count_cancel(task_id)
+                if outcome is CancelOutcome.CANCELLED and self.events is not None and task_id in rows:
+                    self.events.add("cancelled", rows[task_id].task.tenant, rows[task_id].task.type)
                 if outcome in (CancelOutcome.CANCELLED, CancelOutcome.ALREADY_CANCELLED) \
                         and cancels.may_be_in_flight(task_id.run_at_ms, self._now_ms()):
                     in_flight.append(task_id)
         finally:
             if in_flight:
                 self._hand_off_cancels(in_flight)
+            if in_flight or workflow_steps:
                 self._settle(self.cancel_settle_s)
         return outcomes
-
-    def _count_cancel(self, task_id: TaskId) -> None:
-        """Count a cancel under its task's type, which only the row knows (one more read
-        per task cancelled, and only for a client that counts)."""
-        try:
-            found = self.store.get(task_id)
-        except StoreError as exc:
-            log.warning("the cancel of %s is not counted: %s", task_id, exc, extra={"action": "count_skipped"})
-            return
-        if found is not None and self.events is not None:
-            self.events.add("cancelled", found.task.tenant, found.task.type)
 
     def _hand_off_cancels(self, task_ids: Sequence[TaskId]) -> None:
         if self.handoff is None:

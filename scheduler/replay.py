@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from scheduler.errors import SchedulerError
-from scheduler.model import TaskId, decode_message, decode_payload
+from scheduler.model import Task, TaskId, decode_message, decode_payload, to_ms
 from scheduler.ports import Publisher, TopicScanner
 from scheduler.producer import Client
 from scheduler.worker.dead_letters import DeadLetter, Replayed, encode_replayed, waiting
+from scheduler.workflows.definition import KEY_PREFIX as STEP_KEY_PREFIX
 
 _lock = threading.Lock()
 MARKER_TRIES = 3
@@ -80,8 +81,18 @@ def _replay_one(client: Client | None, publisher: Publisher, topic: str, letter:
         return ReplayOutcome(letter.letter, None, None, letter)
     now = datetime.now(UTC)  # explicit: a keyed task needs one, and it names the new task
     try:
-        new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
-                               idempotency_key=task.idempotency_key, max_attempts=task.max_attempts, cost=task.cost)
+        if task.idempotency_key is not None and task.idempotency_key.startswith(STEP_KEY_PREFIX):
+            # A workflow's step: the same key, due now, stored as the workflow stores its
+            # steps (the producer refuses such keys from anyone else); its end opens the
+            # workflow again (scheduler.workflows.engine).
+            now_ms = to_ms(now)
+            new_id = TaskId.for_key(now_ms, task.tenant, task.idempotency_key)
+            client.store_tasks([Task.unchecked(new_id, task.tenant, task.type, task.payload, now_ms, task.priority, 1,
+                                               task.max_attempts, task.idempotency_key, task.cost)])
+        else:
+            new_id = client.submit(task.type, payload, tenant=task.tenant, priority=task.priority, run_at=now,
+                                   idempotency_key=task.idempotency_key, max_attempts=task.max_attempts,
+                                   cost=task.cost)
     except SchedulerError as exc:
         return ReplayOutcome(letter.letter, None, f"not replayed: {exc}", letter)
     marker = encode_replayed(Replayed(letter.letter, new_id, time.time_ns() // 1_000_000))
