@@ -7,6 +7,8 @@ A file is read and checked whole before any store is opened, so a bad workflow i
 from __future__ import annotations
 
 import json
+import uuid
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -14,6 +16,7 @@ from typing import Any, TextIO
 import click
 
 from scheduler.cli.options import Exit, open_client, store_options, tenant_option
+from scheduler.errors import HandoffFailed, StoreError
 from scheduler.ports.workflows import WorkflowState
 from scheduler.workflows.definition import compile_workflow, from_json
 from scheduler.workflows.view import describe
@@ -57,8 +60,15 @@ def submit(file: TextIO, tenant: str | None, workflow_id: str | None, as_json: b
         document["id"] = workflow_id
     flow = from_json(document, tenant=tenant)
     definition, _ = compile_workflow(flow)  # InvalidWorkflow (exit 2) before a store is opened
+    if flow.workflow_id is None:  # chosen here, so a submit cut short can be finished under it
+        flow = replace(flow, workflow_id=str(uuid.uuid4()))
     with open_client(backend, db, **options) as client:
-        submitted = client.workflows.submit(flow)
+        try:
+            submitted = client.workflows.submit(flow)
+        except (StoreError, HandoffFailed) as exc:
+            click.echo(f"workflow {flow.workflow_id} may be stored part-way ({exc}): submit the same file again "
+                       f"with --id {flow.workflow_id} to finish it", err=True)
+            raise click.exceptions.Exit(Exit.FAILURE) from None
     if as_json:
         click.echo(json.dumps({"workflow_id": submitted, "tenant": flow.tenant, "steps": len(definition.steps),
                                "members": sum(step.width for step in definition.steps)}))

@@ -19,7 +19,7 @@ stored definition stays small whatever the width.
 
 Limits (`InvalidWorkflow` past any): `MAX_STEPS` steps, `MAX_WIDTH` members a step,
 `MAX_MEMBERS` in all, `MAX_DEFINITION_BYTES` encoded; a step's result is at most
-`MAX_RESULT_BYTES` (`scheduler.workflows.results`).
+`MAX_RESULT_BYTES` (`scheduler.workflows.steps`).
 """
 
 from __future__ import annotations
@@ -162,6 +162,10 @@ def compile_workflow(workflow: Workflow) -> tuple[Definition, dict[str, list[byt
     """The stored definition, and each root's members' payloads (encoded), or
     `InvalidWorkflow` naming the first problem."""
     check_name("tenant", workflow.tenant)
+    if workflow.workflow_id is not None:
+        check_workflow_id(workflow.workflow_id)
+    if isinstance(workflow.steps, (str, bytes)) or not isinstance(workflow.steps, Sequence):
+        raise InvalidWorkflow(f"a workflow's steps are a list of steps, got {workflow.steps!r}")
     if not workflow.steps:
         raise InvalidWorkflow("a workflow needs at least one step")
     if len(workflow.steps) > MAX_STEPS:
@@ -210,7 +214,14 @@ def _checked_step(step: Step, earlier: Mapping[str, StepSpec]) -> tuple[StepSpec
     if step.name in earlier:
         raise InvalidWorkflow(f"two steps are named {step.name!r}")
     check_name("type", step.type)
-    after = tuple(step.after) if not isinstance(step.after, str) else (step.after,)
+    if isinstance(step.after, str):
+        after: tuple[str, ...] = (step.after,)
+    elif isinstance(step.after, Sequence) and all(isinstance(name, str) for name in step.after):
+        after = tuple(step.after)
+    else:
+        raise InvalidWorkflow(f"{where}: 'after' is a list of step names, got {step.after!r}")
+    if step.each_of is not None and not isinstance(step.each_of, str):
+        raise InvalidWorkflow(f"{where}: 'each_of' is one step's name, got {step.each_of!r}")
     if after and step.each_of is not None:
         raise InvalidWorkflow(f"{where} has both 'after' and 'each_of': a step is a join or follows another "
                               "member by member, not both")

@@ -102,3 +102,24 @@ def test_the_json_form_gives_the_same_workflow() -> None:
         from_json({"tenant": "t", "steps": [], "owner": "me"})
     with pytest.raises(InvalidWorkflow, match="needs a 'name' and a 'type'"):
         from_json({"tenant": "t", "steps": [{"name": "a"}]})
+
+
+@pytest.mark.parametrize(("second", "message"), [
+    ({"name": "b", "type": "x", "after": None}, "'after' is a list of step names"),
+    ({"name": "b", "type": "x", "after": 5}, "'after' is a list of step names"),
+    ({"name": "b", "type": "x", "after": [["a"]]}, "'after' is a list of step names"),
+    ({"name": "b", "type": "x", "each_of": ["a"]}, "'each_of' is one step's name"),
+    ({"name": "b", "type": "x", "count": "3"}, "1 to 10,000 members"),
+    ({"name": "b", "type": "x", "priority": 1}, "priority is high, normal or low"),
+])
+def test_a_file_with_a_value_of_the_wrong_kind_is_refused_with_what_is_wrong(second: dict[str, object],
+                                                                             message: str) -> None:
+    """Every mistake in a file is an `InvalidWorkflow` naming it (exit 2 from the CLI),
+    never a traceback."""
+    with pytest.raises(InvalidWorkflow, match=message):
+        compile_workflow(from_json({"tenant": "t", "steps": [{"name": "a", "type": "x"}, second]}))
+
+
+def test_a_bad_workflow_id_is_refused_before_anything_is_opened() -> None:
+    with pytest.raises(InvalidWorkflow, match="a workflow id is"):
+        compile_workflow(from_json({"tenant": "t", "id": 5, "steps": [{"name": "a", "type": "x"}]}))
