@@ -6,6 +6,8 @@ The public API, all of it importable from here:
   `scheduler.connecting`); `Client.submit` and `Client.submit_many` (with `Submission`s)
   store tasks, `get` and `cancel` find and cancel them by `TaskId`; a `Task` has a
   `Priority`;
+- workflows: `Client.workflows.submit` stores a `Workflow` of `Step`s that follow each
+  other, fan out and join (`scheduler.workflows`); `InvalidWorkflow` for a bad one;
 - handling: an `App` registers the handlers that `scheduler worker --app` runs, and each
   handler gets a `Context`; a handler raises `PermanentError` for a failure no retry
   can mend;
@@ -31,6 +33,7 @@ from scheduler.errors import (
 from scheduler.model import Priority, Task, TaskId
 from scheduler.producer import Client, Submission
 from scheduler.worker import App, Context, PermanentError
+from scheduler.workflows import InvalidWorkflow, Step, Workflow
 
 __all__ = [
     "App",
@@ -39,15 +42,18 @@ __all__ = [
     "Context",
     "HandoffFailed",
     "InvalidTask",
+    "InvalidWorkflow",
     "PermanentError",
     "Priority",
     "QueueUnavailable",
     "SchedulerError",
+    "Step",
     "StoreError",
     "StoreUnavailable",
     "Submission",
     "Task",
     "TaskId",
+    "Workflow",
     "connect",
 ]
 __version__ = "0.1.0"

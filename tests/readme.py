@@ -20,6 +20,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import scheduler
 from scheduler import backends
@@ -29,7 +30,7 @@ from scheduler.model import TaskId, decode_message
 from scheduler.ports import TaskStatus
 from scheduler.settings import READY_TOPICS
 from tests.dispatchers import Fleet
-from tests.support import wait_until
+from tests.support import run_cli, wait_until
 from tests.workers import SESSION_TIMEOUT_S, WorkerProcess, Workers
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -74,11 +75,16 @@ def section(heading: str) -> str:
     return "".join(body)
 
 
+def python_blocks(heading: str, count: int) -> list[str]:
+    """The `count` ```python blocks of the README section under `heading`, in order."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", section(heading), flags=re.DOTALL | re.MULTILINE)
+    assert len(blocks) == count, f"the README section {heading!r} has {len(blocks)} Python blocks, not {count}"
+    return [str(block) for block in blocks]
+
+
 def python_block(heading: str) -> str:
     """The one ```python block of the README section under `heading`."""
-    blocks = re.findall(r"^```python\n(.*?)^```$", section(heading), flags=re.DOTALL | re.MULTILINE)
-    assert len(blocks) == 1, f"the README section {heading!r} has {len(blocks)} Python blocks, not one"
-    return str(blocks[0])
+    return python_blocks(heading, 1)[0]
 
 
 def user_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -86,17 +92,18 @@ def user_env(env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in {**os.environ, **env}.items() if name.startswith("SCHEDULER_")}
 
 
-def start_worker(workers: Workers, app_dir: Path) -> WorkerProcess:
-    """`scheduler worker --app results_app:app`, run in the application's directory as the
-    README says (the current directory is importable), among `workers` for their waiting
-    and stopping."""
-    assert WORKER_COMMAND in section(WORKERS_SECTION), f"the Workers section no longer says {WORKER_COMMAND!r}"
+def start_worker(workers: Workers, app_dir: Path, command: str = WORKER_COMMAND,
+                 heading: str = WORKERS_SECTION) -> WorkerProcess:
+    """`scheduler worker --app results_app:app` (or `command`), run in the application's
+    directory as the README says (the current directory is importable), among `workers`
+    for their waiting and stopping."""
+    assert command in section(heading), f"the README section {heading!r} no longer says {command!r}"
     name = "readme-worker"
     log_path = workers.directory / f"{name}.log"
     stats_path = workers.directory / f"{name}.json"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "scheduler", *WORKER_COMMAND.split()[1:], "--member", name,
+        [sys.executable, "-m", "scheduler", *command.split()[1:], "--member", name,
          "--stats-file", str(stats_path), "--session-timeout", str(SESSION_TIMEOUT_S)],
         cwd=app_dir, stdout=log_file, stderr=log_file, env={**os.environ, **workers.env, "PYTHONUNBUFFERED": "1"},
     )
@@ -164,5 +171,59 @@ def check_readme_examples(env: Mapping[str, str], directory: Path, dispatchers: 
         early = [(str(task.id), at_ms - task.run_at_ms) for task, at_ms in fired if at_ms < task.run_at_ms]
         assert not early, f"fired before their run_at (id, ms): {early}"
         return submitted
+    finally:
+        workers.stop_all()
+
+
+WORKFLOWS_SECTION = "## Workflows"
+FLOW_MODULE = "results_flow"
+FLOW_COMMAND = f"scheduler worker --app {FLOW_MODULE}:app"
+
+
+def check_workflow_example(env: Mapping[str, str], directory: Path, dispatchers: Fleet) -> dict[str, Any]:
+    """Run the README's "Workflows" section as a user would: its first block as
+    `results_flow.py` under `scheduler worker`, its second as a script with only
+    `SCHEDULER_*` set, a dispatcher beside them; the workflow succeeds, every step ran
+    once in order, the report joined every send, and `scheduler workflow show` says so
+    (as JSON, which this returns, and as text)."""
+    handlers, submit = python_blocks(WORKFLOWS_SECTION, 2)
+    settings = backend_settings(env=user_env(env))
+    app_dir = directory / "flow-app"
+    app_dir.mkdir()
+    (app_dir / f"{FLOW_MODULE}.py").write_text(handlers)
+    workers = Workers(env, directory, directory / "sink.db")
+    try:
+        dispatcher = dispatchers.start("readme-flow-dispatcher")
+        worker = start_worker(workers, app_dir, FLOW_COMMAND, WORKFLOWS_SECTION)
+        dispatchers.wait_for_split({dispatcher.name: settings.cassandra.shard_count}, timeout_s=START_TIMEOUT_S)
+        workers.wait_started(worker, timeout_s=START_TIMEOUT_S)
+        script = directory / "submit_flow.py"
+        script.write_text(submit)
+        for _ in range(2):  # the second submit is the same workflow, as the example says
+            result = subprocess.run([sys.executable, str(script)], cwd=directory, env=user_env(env),
+                                    capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, f"the README's workflow example failed:\n{result.stdout}\n{result.stderr}"
+            assert result.stdout.strip() == "results-2026"
+        show = ["workflow", "show", "results-2026", "--tenant", "state-board"]
+
+        def shown() -> dict[str, Any]:
+            answer = run_cli(*show, "--json", env=user_env(env))
+            assert answer.returncode == 0, answer.stderr
+            found: dict[str, Any] = json.loads(answer.stdout)
+            return found
+
+        wait_until(lambda: shown()["state"] == "succeeded", timeout_s=FINISH_TIMEOUT_S * 2, interval_s=0.5,
+                   what=f"the README's workflow to succeed (worker log:\n{worker.log()[-2000:]})")
+        final = shown()
+        assert {step["name"]: step["states"] for step in final["steps"]} == {
+            "render": {"done": 40}, "send": {"done": 40}, "report": {"done": 1}, "alert": {"not needed": 1}}
+        log = worker.log()
+        # print() writes its newline apart: two threads' lines may interleave.
+        rendered = set(re.findall(r"rendering batch (\d+)", log))
+        assert rendered == {str(n) for n in range(40)}, log[-2000:]
+        assert "report to board@example.org: 20000 SMS in 40 batches" in log, log[-2000:]
+        text = run_cli(*show, env=user_env(env))
+        assert text.returncode == 0 and "results-2026 of state-board: succeeded" in text.stdout, text.stdout
+        return final
     finally:
         workers.stop_all()

@@ -14,7 +14,7 @@ import pytest
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from tests.dispatchers import Fleet
-from tests.readme import check_readme_examples
+from tests.readme import check_readme_examples, check_workflow_example
 
 
 @pytest.fixture
@@ -40,3 +40,8 @@ def test_the_readme_examples_run_as_written(tmp_path: Path, dispatchers: Fleet) 
     db = Path(dispatchers.env["SCHEDULER_DB"])
     submitted = check_readme_examples(dispatchers.env, tmp_path, dispatchers, lambda: count_stored(db))
     assert len(submitted) >= 3
+
+
+@pytest.mark.timeout(150)
+def test_the_readme_workflow_example_runs_as_written(tmp_path: Path, dispatchers: Fleet) -> None:
+    check_workflow_example(dispatchers.env, tmp_path, dispatchers)

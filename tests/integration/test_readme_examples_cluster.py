@@ -13,7 +13,7 @@ import pytest
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from tests.dispatchers import Deployment
-from tests.readme import check_readme_examples
+from tests.readme import check_readme_examples, check_workflow_example
 
 
 @pytest.mark.timeout(120)
@@ -27,3 +27,8 @@ def test_the_readme_examples_run_as_written(deployment: Deployment, cassandra: C
 
     submitted = check_readme_examples(deployment.fleet.env, tmp_path, deployment.fleet, count_stored)
     assert len(submitted) >= 3
+
+
+@pytest.mark.timeout(180)
+def test_the_readme_workflow_example_runs_as_written(deployment: Deployment, tmp_path: Path) -> None:
+    check_workflow_example(deployment.fleet.env, tmp_path, deployment.fleet)
