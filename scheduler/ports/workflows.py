@@ -16,6 +16,7 @@ caller can win. Kept by two adapters under one contract suite
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,6 +115,11 @@ class WorkflowStore(Protocol):
 
     def members(self, tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:
         """The recorded members of `steps` (all steps if None), without their results."""
+        ...
+
+    def members_at(self, tenant: str, workflow_id: str, step: str, indexes: Sequence[int]) -> list[Member]:
+        """The recorded members among `indexes` of one step (those not ended are left
+        out): a few rows, where `members` reads the whole step."""
         ...
 
     def results(self, tenant: str, workflow_id: str, step: str) -> dict[int, bytes]:

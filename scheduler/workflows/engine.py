@@ -28,7 +28,11 @@ Joins need no counter: after recording its own outcome, each member of a joined 
 reads the outcomes of every member the join waits for, and the one that finds them
 all complete claims the join. Two members that end at once both read after both wrote
 (writes and reads at the same consistency), so at least one of them sees the join
-complete, and the claim lets only one create it.
+complete, and the claim lets only one create it. Before the whole steps, a member reads
+a few of their rows (`PROBES`) and stops if one has not ended: the member whose end was
+written last finds every probe ended, so exactness is kept; an N-wide fan-in reads about
+N^2/10 rows (a member reads the whole steps with the chance that 8 random others
+ended, f^8 when a share f did) instead of N^2/2.
 
 Failure: a member that ends dead fails the workflow (unless every step after it is an
 `all_finished` join), with one conditional write; nothing is claimed any more, so the
@@ -49,6 +53,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import random
 import threading
 import time
 import uuid
@@ -87,6 +92,10 @@ ENDED_THREADS = 8
 _TERMINAL_OK = (MemberOutcome.DONE,)
 _FINISHED = (MemberOutcome.DONE, MemberOutcome.DEAD)
 
+PROBES = 8
+"""Members of each step a join waits for that a member's end reads before the whole
+steps (`Workflows._join_may_be_ready`)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StepEnd:
@@ -123,6 +132,7 @@ class Workflows:
         self._definitions: dict[tuple[str, str], Definition] = {}
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._random = random.Random()
         self._pool_lock = threading.Lock()
 
     # Submitting.
@@ -229,10 +239,30 @@ class Workflows:
             if successor.each_of is not None:
                 if outcome is MemberOutcome.DONE:
                     self._create(tenant, workflow_id, successor, index, WorkflowState.RUNNING)
-            elif self._join_ready(tenant, workflow_id, definition, successor):
+            elif self._join_may_be_ready(tenant, workflow_id, definition, successor, (step.name, index)) \
+                    and self._join_ready(tenant, workflow_id, definition, successor):
                 self._create(tenant, workflow_id, successor, WHOLE, WorkflowState.RUNNING)
         if not definition.successors[step.name]:
             self._maybe_succeed(tenant, workflow_id, definition)
+
+    def _join_may_be_ready(self, tenant: str, workflow_id: str, definition: Definition, join: StepSpec,
+                           own: tuple[str, int]) -> bool:
+        """A few rows before the whole steps: False when one of `PROBES` members of each
+        step the join waits for (the last index, which tends to end last, and random
+        others) has not ended as the join needs. Each member's end reads every member a
+        join waits for, N^2/2 rows for an N-wide fan-in; most ends now read a few.
+        Exactness is kept: the member whose end is written last probes after every other
+        end is written, finds them all, and reads the whole steps."""
+        accepted = _TERMINAL_OK if join.join == "all_succeeded" else _FINISHED
+        for name in join.after:
+            width = definition.by_name[name].width
+            if width <= PROBES:
+                continue
+            picks = {width - 1, *self._random.sample(range(width), PROBES - 1)} - {own[1] if own[0] == name else -1}
+            found = self.store.members_at(tenant, workflow_id, name, sorted(picks))
+            if len(found) < len(picks) or any(m.outcome not in accepted for m in found):
+                return False
+        return True
 
     def _join_ready(self, tenant: str, workflow_id: str, definition: Definition, join: StepSpec,
                     members: Sequence[Member] | None = None) -> bool:

@@ -123,6 +123,16 @@ def test_members_are_filtered_by_step(workflows: WorkflowStore) -> None:
     assert workflows.members(TENANT, "wf-1", ()) == []
 
 
+def test_members_at_reads_the_ended_among_some_indexes_of_one_step(workflows: WorkflowStore) -> None:
+    created(workflows)
+    for index in (0, 2, 5):
+        workflows.record_member(TENANT, "wf-1", member("a", index), None)
+    workflows.record_member(TENANT, "wf-1", member("b", 1), None)
+    assert [m.index for m in workflows.members_at(TENANT, "wf-1", "a", [9, 5, 1, 0, 2, 2])] == [0, 2, 5]
+    assert workflows.members_at(TENANT, "wf-1", "b", [0]) == []
+    assert workflows.members_at(TENANT, "wf-1", "a", []) == []
+
+
 def test_results_are_by_index_and_members_without_one_are_left_out(workflows: WorkflowStore) -> None:
     created(workflows)
     workflows.record_member(TENANT, "wf-1", member("a", 0), b"r0")

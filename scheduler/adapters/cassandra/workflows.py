@@ -5,7 +5,10 @@ A workflow is one partition `(tenant, workflow)`: its record in static columns
 and one row per claim (`kind = 'c'`), so every state change and every claim of a
 workflow goes through Paxos on the same partition and is ordered against the others.
 
-The lightweight transactions (at the connection's serial consistency, LOCAL_SERIAL):
+Plain reads and writes are made at the connection's consistency, but never weaker than
+LOCAL_QUORUM (`_WEAK`): two members of a join that end together each write, then read
+the other's row, and one of them must see both. The lightweight transactions (at the
+connection's serial consistency, LOCAL_SERIAL):
 
 - `create`: `INSERT ... IF NOT EXISTS` of the static columns only;
 - `transition`: `UPDATE ... SET state = ?, ended_ms = ? IF state IN ?`, on the static
@@ -38,6 +41,7 @@ dead-letter replay that succeeds reads as done even if its writer's clock is beh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cassandra import ConsistencyLevel
@@ -78,6 +82,8 @@ _QUERIES = {
     "members": f"SELECT step, idx, {_MEMBER_READ} FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm'",
     "members_of": f"SELECT step, idx, {_MEMBER_READ} FROM {{keyspace}}.workflows "
                   f"WHERE {_KEY} AND kind = 'm' AND step IN ?",
+    "members_at": f"SELECT step, idx, {_MEMBER_READ} FROM {{keyspace}}.workflows "
+                  f"WHERE {_KEY} AND kind = 'm' AND step = ? AND idx IN ?",
     "results": f"SELECT idx, result FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'm' AND step = ?",
     "claim": f"UPDATE {{keyspace}}.workflows SET run_at_ms = ? WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ? "
              "IF run_at_ms = null AND state = ?",
@@ -95,6 +101,11 @@ _SERIAL_QUERIES = {
 """Reads made at the serial consistency (see the module's docstring)."""
 
 _WHAT = "workflow store"
+_WEAK = (ConsistencyLevel.ANY, ConsistencyLevel.ONE, ConsistencyLevel.TWO, ConsistencyLevel.THREE,
+         ConsistencyLevel.LOCAL_ONE)
+"""Levels whose reads may miss an acknowledged write: the workflow store's reads and
+writes are made at LOCAL_QUORUM instead (a join fires only if one of the members that
+end together sees the other's end)."""
 
 
 class CassandraWorkflowStore:
@@ -106,9 +117,13 @@ class CassandraWorkflowStore:
         self._session = connection.session
         self.keyspace = keyspace
         self._q = prepare_for_table(self._session, {**_QUERIES, **_SERIAL_QUERIES}, keyspace, _WHAT, "workflows")
-        serial = connection.cluster.profile_manager.default.serial_consistency_level or ConsistencyLevel.LOCAL_SERIAL
+        default = connection.cluster.profile_manager.default
+        serial = default.serial_consistency_level or ConsistencyLevel.LOCAL_SERIAL
         for name in _SERIAL_QUERIES:
             self._q[name].consistency_level = serial  # inherited by every statement bound from it
+        if default.consistency_level in _WEAK:
+            for name in _QUERIES:  # a join needs reads that see every write acknowledged before them
+                self._q[name].consistency_level = ConsistencyLevel.LOCAL_QUORUM
 
     @classmethod
     def for_store(cls, store: CassandraTaskStore) -> CassandraWorkflowStore:
@@ -166,6 +181,13 @@ class CassandraWorkflowStore:
             return []
         else:
             rows = self._run("members_of", (tenant, workflow_id, sorted(set(steps))))
+        return [_member(row) for row in rows if row[2] is not None]
+
+    def members_at(self, tenant: str, workflow_id: str, step: str, indexes: Sequence[int]) -> list[Member]:
+        wanted = sorted(set(indexes))
+        if not wanted:
+            return []
+        rows = self._run("members_at", (tenant, workflow_id, step, wanted))
         return [_member(row) for row in rows if row[2] is not None]
 
     def results(self, tenant: str, workflow_id: str, step: str) -> dict[int, bytes]:

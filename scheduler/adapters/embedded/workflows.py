@@ -136,6 +136,14 @@ class SqliteWorkflowStore:
             parameters += wanted
         return [_member(row) for row in self._read(sql + " ORDER BY step, idx", parameters)]
 
+    def members_at(self, tenant: str, workflow_id: str, step: str, indexes: Sequence[int]) -> list[Member]:
+        wanted = sorted(set(indexes))
+        if not wanted:
+            return []
+        sql = (f"SELECT {_MEMBER} FROM workflow_members WHERE {_KEY} AND step = ? "
+               f"AND idx IN ({', '.join('?' * len(wanted))}) ORDER BY idx")
+        return [_member(row) for row in self._read(sql, [tenant, workflow_id, step, *wanted])]
+
     def results(self, tenant: str, workflow_id: str, step: str) -> dict[int, bytes]:
         rows = self._read(f"SELECT idx, result FROM workflow_members WHERE {_KEY} AND step = ? "
                           "AND result IS NOT NULL ORDER BY idx", (tenant, workflow_id, step))
