@@ -25,7 +25,8 @@ from tests.support import run_cli
 from tests.tasks import make_task
 
 TABLES = {"meta", "tasks_by_bucket", "shards", "effects", "schedules", "tenant_limits", "cancel_marks", "cancel_counts",
-          "count_hours", "count_minutes", "count_snapshots", "count_snapshot_latest", "processes", "lateness_minutes"}
+          "count_hours", "count_minutes", "count_snapshots", "count_snapshot_latest", "processes", "lateness_minutes",
+          "workflows"}
 
 
 def tables_of(cassandra: CassandraConnection, keyspace: str) -> set[str]:
