@@ -65,8 +65,9 @@ COLUMNS = ("waiting", "queued", "running", "failed", "done", "dead", "cancelled"
 
 def summarise(planned: Sequence[Planned], rows: Mapping[TaskId, StoredTask], sent_keys: set[str], absorbed: int,
               starts: Sequence[Start], dead_letters: Sequence[Any], events: Sequence[dict[str, Any]],
-              seconds: float, backend: str) -> dict[str, Any]:
-    """The demo's closing document: tasks, SMS, duplicates, lateness, events, and `ok`."""
+              seconds: float, backend: str, not_created: Sequence[str] = ()) -> dict[str, Any]:
+    """The demo's closing document: tasks, SMS, duplicates, lateness, events, and `ok`.
+    `not_created`: workflow steps that should exist and do not, each lost."""
     dead_lettered = {str(letter.task_id) for letter in dead_letters if letter.task_id is not None}
     first_start: dict[str, int] = {}
     runs: dict[str, int] = defaultdict(int)
@@ -74,7 +75,7 @@ def summarise(planned: Sequence[Planned], rows: Mapping[TaskId, StoredTask], sen
         runs[start.task] += 1
         first_start.setdefault(start.task, start.started_ms)
     tenants: dict[str, dict[str, Any]] = {}
-    lost: list[str] = []
+    lost: list[str] = list(not_created)
     expected_keys: set[str] = set()
     for task in planned:
         key = str(task.task_id)

@@ -1,8 +1,10 @@
 """The whole demo, step by step (`play`):
 
 1. Two dispatchers start and share the 64 shards; two workers join.
-2. The board submits its result batches, due `lead_s` from now; the college books its
-   reminders for `reminder_delay_s` after that; one reminder cannot be delivered.
+2. The board submits its results day as a workflow, due `lead_s` from now: render
+   each batch, send each rendered batch's SMS, report to its office once every batch is
+   sent; the college books its reminders for `reminder_delay_s` after that; one
+   reminder cannot be delivered.
 3. While the results go out, one worker is killed (kill -9) in the middle of a batch:
    the other worker receives its uncommitted batches and re-runs them; the provider
    absorbs the messages already sent.
@@ -29,11 +31,12 @@ from rich.console import Console
 from scheduler import backends
 from scheduler.connecting import backend_settings, connect
 from scheduler.errors import SchedulerError, StoreUnavailable
-from scheduler.model import TaskId
+from scheduler.model import TaskId, from_ms
 from scheduler.ports import StoredTask
 from scheduler.producer import Client
 from scheduler.ui.serving import PageServer
 from scheduler.visibility.status import read_status
+from scheduler.workflows.engine import decode_definition, member_task_ids
 
 from .app import GATEWAY_ENV
 from .board import Board, Frame
@@ -41,7 +44,7 @@ from .fleet import Fleet, Member
 from .gateway import Gateway, Start, now_ms
 from .local import LEASE_TIMEOUT_S, LocalDeployment
 from .outcome import Planned, against_status, status_counts, summarise
-from .story import BOARD, COLLEGE, RESULT_TYPE, Story
+from .story import BOARD, COLLEGE, RESULT_TYPE, WORKFLOW_ID, Story
 
 APP = "scheduler.demo.app:app"
 SESSION_TIMEOUT_S = 6.0
@@ -182,20 +185,24 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
 
         results_at_ms = (now_ms() + int(options.lead_s * 1000)) // 1000 * 1000 + 1000
         reminders_at_ms = results_at_ms + int(story.reminder_delay_s * 1000)
-        planned = _submit(client, story, results_at_ms)
+        reminders = _submit(client, story, results_at_ms)
+        planned = reminders + _board_steps(client, story)
         ids = [task.task_id for task in planned]
-        stage.note(f"state-board submitted {story.board_tasks} tasks ({story.results:,} SMS) due at "
-                   f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s; city-college booked {story.reminders} "
+        stage.note(f"state-board submitted its results day as a workflow due at "
+                   f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s: render {story.board_tasks} batches, send "
+                   f"their {story.results:,} SMS, report; city-college booked {story.reminders} "
                    f"reminders for t+{(reminders_at_ms - stage.began_ms) / 1000:.0f}s")
         kill_dispatcher_ms = results_at_ms + int(story.reminder_delay_s * 500)
         drained_ms = results_at_ms + int(story.results / story.sms_rate * 1000) if story.sms_rate else results_at_ms
         deadline_ms = max(reminders_at_ms, drained_ms) + int(FINISH_GRACE_S * 1000)
-        batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
         rows: dict[TaskId, StoredTask] = {}
         while now_ms() < deadline_ms:
             dead = fleet.died()
             if dead is not None:
                 raise DemoFailure(f"{dead.name} exited with status {dead.process.returncode}:\n{dead.log_tail()}")
+            planned = reminders + _board_steps(client, story)  # the workflow's steps, as it creates them
+            ids = [task.task_id for task in planned]
+            batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
             rows = store.get_many(ids)
             if not stage.worker_killed and now_ms() >= results_at_ms:
                 _kill_a_worker_mid_batch(fleet, gateway, batch_sizes, stage)
@@ -213,7 +220,8 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
                 at_s=(now_ms() - stage.began_ms) / 1000, counts=status_counts(planned, rows, now_ms()),
                 sms_sent=totals.sent, sms_expected=story.expected_sms(), absorbed=totals.absorbed,
                 processes=[(m.name, _state(m)) for m in fleet.members], events=stage.events))
-            if stage.reowned and len(rows) == len(ids) and all(row.status.finished for row in rows.values()):
+            if stage.reowned and len(ids) == len(reminders) + story.board_steps and len(rows) == len(ids) \
+                    and all(row.status.finished for row in rows.values()):
                 stage.note("every task has ended")
                 break
             time.sleep(TICK_S)
@@ -226,10 +234,14 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
     codes = fleet.stop()
     stage.note("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()
                                        if name != (stage.dispatcher_killed.name if stage.dispatcher_killed else "")))
-    rows = store.get_many(ids)
+    planned = reminders + _board_steps(client, story)
+    rows = store.get_many([task.task_id for task in planned])
     totals = gateway.totals()
+    created = len(planned) - len(reminders)
+    not_created = [f"{BOARD} workflow {WORKFLOW_ID}: {story.board_steps - created} of its {story.board_steps} steps "
+                   "never created"] if created < story.board_steps else []
     summary = summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
-                        (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend])
+                        (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend], not_created)
     summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
     killed = {m.process.pid for m in fleet.of_kind("worker") if m.killed_at_ms is not None}
     starts = gateway.starts()
@@ -271,6 +283,12 @@ def _fairness(story: Story, gateway: Gateway, reminders_at_ms: int) -> dict[str,
 
 
 def _submit(client: Client, story: Story, results_at_ms: int) -> list[Planned]:
+    """Submit the board's workflow, due at `results_at_ms`, and the college's reminders;
+    the reminders as planned tasks (the workflow's are read as it creates them)."""
+    try:
+        client.workflows.submit(story.workflow(), run_at=from_ms(results_at_ms))
+    except SchedulerError as exc:
+        raise DemoFailure(f"the board's results-day workflow was not stored: {exc}") from None
     items = story.plan(results_at_ms)
     report = client.submit_many(items, keep_ids=True)
     if not report.complete or report.stored != len(items) or report.ids is None:
@@ -281,11 +299,31 @@ def _submit(client: Client, story: Story, results_at_ms: int) -> list[Planned]:
     for n, (item, task_id) in enumerate(zip(items, report.ids, strict=True)):
         assert task_id is not None and item.run_at is not None and item.tenant is not None
         doomed = n == len(items) - 1
-        if item.type == RESULT_TYPE:
-            keys = tuple(f"{task_id}:sms:{m['to']}" for m in item.payload["messages"])
-        else:
-            keys = () if doomed else (f"{task_id}:sms",)
+        keys = () if doomed else (f"{task_id}:sms",)
         planned.append(Planned(task_id, item.tenant, item.type, task_id.run_at_ms, keys, doomed))
+    return planned
+
+
+def _board_steps(client: Client, story: Story) -> list[Planned]:
+    """The board's workflow steps created so far, each with the SMS it should send: a
+    send the messages of its batch (keyed as `ctx.effect_key` keys them), the report
+    one to the office."""
+    store = client.workflows.store
+    record = store.read(BOARD, WORKFLOW_ID)
+    if record is None:
+        return []
+    definition = decode_definition(record.definition)
+    planned = []
+    for (step, index), task_id in sorted(member_task_ids(BOARD, WORKFLOW_ID, definition,
+                                                         store.claims(BOARD, WORKFLOW_ID)).items()):
+        spec = definition.by_name[step]
+        if spec.type == RESULT_TYPE:
+            keys = tuple(f"{task_id}:sms:{m['to']}" for m in story.batch_messages(index))
+        elif step == "report":
+            keys = (f"{task_id}:sms",)
+        else:
+            keys = ()
+        planned.append(Planned(task_id, BOARD, spec.type, task_id.run_at_ms, keys))
     return planned
 
 

@@ -1,11 +1,14 @@
 """Results day, scaled to a laptop: who submits what, and when. Pure: no I/O.
 
-At `results_at` a state board's results go out as SMS, `batch` to a task (the way a
-board submits 2 million as 4,000 tasks of 500), each task costing its SMS against the
-provider's limit of `sms_rate` a second. A small college books its exam reminders for
-`reminder_delay_s` later, while the board's SMS are still draining at that limit: the
-reminders go out on time all the same. One reminder goes to a number the provider
-cannot reach: it is retried with backoff and ends in the dead-letter list.
+At `results_at` a state board's results day starts, as a workflow (`workflow`): its
+marksheets are rendered `batch` results at a time (the way a board renders 2 million
+as 4,000 batches of 500), each batch's SMS are sent once that batch is rendered, each
+send costing its SMS against the provider's limit of `sms_rate` a second, and once
+every batch is sent the board's office gets a delivery report. A small college books
+its exam reminders (`plan`) for `reminder_delay_s` later, while the board's SMS are
+still draining at that limit: the reminders go out on time all the same. One reminder
+goes to a number the provider cannot reach: it is retried with backoff and ends in the
+dead-letter list.
 """
 
 from __future__ import annotations
@@ -15,13 +18,19 @@ from dataclasses import dataclass
 
 from scheduler.model import from_ms
 from scheduler.producer import Submission
+from scheduler.workflows import Step, Workflow
 
 from .gateway import UNREACHABLE
 
 BOARD = "state-board"
 COLLEGE = "city-college"
+RENDER_TYPE = "render_results"
 RESULT_TYPE = "result_sms"
+REPORT_TYPE = "delivery_report"
 REMINDER_TYPE = "reminder"
+WORKFLOW_ID = "results-day"
+OFFICE = "+919800000000"
+"""The board's office, which gets the delivery report."""
 
 
 @dataclass(frozen=True)
@@ -48,22 +57,35 @@ class Story:
     def board_tasks(self) -> int:
         return -(-self.results // self.batch)
 
+    def batch_size(self, batch_no: int) -> int:
+        return min(self.batch, self.results - batch_no * self.batch)
+
+    def batch_messages(self, batch_no: int) -> list[dict[str, str]]:
+        """The result SMS of one batch, the same every time (its own seeded generator):
+        what the batch's send step sends, and what the demo reconciles."""
+        rng = random.Random(f"{self.seed}:{batch_no}")
+        first = batch_no * self.batch
+        return [{"to": f"+9198{rng.randrange(10**8):08d}",
+                 "text": f"Roll {first + n + 1:07d}: your result is out at results.example.in"}
+                for n in range(self.batch_size(batch_no))]
+
+    def workflow(self) -> Workflow:
+        """The board's results day: render each batch, send each batch's SMS once it is
+        rendered (the send reads the render's result), report once every batch is sent.
+        Every send costs a full batch (`batch`) against the rate limit."""
+        story = {"results": self.results, "batch": self.batch, "seed": self.seed}
+        return Workflow(BOARD, [
+            Step("render", RENDER_TYPE, payloads=[{"batch": n, "size": self.batch_size(n)}
+                                                  for n in range(self.board_tasks)]),
+            Step("send", RESULT_TYPE, each_of="render", payload={"story": story}, cost=self.batch),
+            Step("report", REPORT_TYPE, after=["send"], payload={"to": OFFICE}),
+        ], workflow_id=WORKFLOW_ID)
+
     def plan(self, results_at_ms: int) -> list[Submission]:
-        """Every submission of the story: the board's batches, then the college's reminders
-        (the last of which is the undeliverable one)."""
+        """The college's reminders, the last of which is the undeliverable one (the
+        board's results day is a workflow: `workflow`)."""
         rng = random.Random(self.seed)
-        results_at = from_ms(results_at_ms)
         items: list[Submission] = []
-        roll = 0
-        for batch_no in range(self.board_tasks):
-            size = min(self.batch, self.results - batch_no * self.batch)
-            messages = []
-            for _ in range(size):
-                roll += 1
-                messages.append({"to": f"+9198{rng.randrange(10**8):08d}",
-                                 "text": f"Roll {roll:07d}: your result is out at results.example.in"})
-            items.append(Submission(RESULT_TYPE, {"messages": messages}, tenant=BOARD, run_at=results_at,
-                                    idempotency_key=f"results-{batch_no}", cost=size))
         reminders_at = from_ms(results_at_ms + int(self.reminder_delay_s * 1000))
         for n in range(self.reminders):
             to = UNREACHABLE if n == self.reminders - 1 else f"+9197{rng.randrange(10**8):08d}"
@@ -73,5 +95,11 @@ class Story:
         return items
 
     def expected_sms(self) -> int:
-        """Messages that should reach the provider: every result and every reminder but the doomed one."""
-        return self.results + self.reminders - 1
+        """Messages that should reach the provider: every result, the delivery report, and
+        every reminder but the doomed one."""
+        return self.results + 1 + self.reminders - 1
+
+    @property
+    def board_steps(self) -> int:
+        """Tasks of the board's workflow: a render and a send per batch, one report."""
+        return 2 * self.board_tasks + 1

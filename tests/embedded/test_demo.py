@@ -42,10 +42,11 @@ def check_status_beside(summary: dict[str, Any]) -> None:
 
 def check_small_story(summary: dict[str, Any]) -> None:
     assert summary["ok"], summary
-    assert summary["tasks"] == {"submitted": 5 + 8, "as_expected": 13, "lost": 0, "not_as_expected": []}
-    assert summary["sms"]["expected"] == summary["sms"]["delivered"] == 1500 + 7
+    # The board's workflow: 5 renders, 5 sends, 1 report; the college's 8 reminders.
+    assert summary["tasks"] == {"submitted": 11 + 8, "as_expected": 19, "lost": 0, "not_as_expected": []}
+    assert summary["sms"]["expected"] == summary["sms"]["delivered"] == 1500 + 1 + 7
     assert summary["sms"]["missing"] == summary["sms"]["unexpected"] == 0
-    assert summary["tenants"]["state-board"]["done"] == 5
+    assert summary["tenants"]["state-board"]["done"] == 11
     assert (summary["tenants"]["city-college"]["done"], summary["tenants"]["city-college"]["dead"]) == (7, 1)
     (letter,) = summary["dead_letters"]
     assert (letter["tenant"], letter["type"], letter["attempt"]) == ("city-college", "reminder", 3)
@@ -54,7 +55,7 @@ def check_small_story(summary: dict[str, Any]) -> None:
     assert any(what.startswith("dispatcher-1 killed (kill -9)") for what in events), events
     assert any("reowned_after_s" in event for event in summary["events"]), events
     # Every handler start is counted; those beyond the first are re-runs the provider absorbed.
-    assert summary["handler_runs"]["total"] >= 13
+    assert summary["handler_runs"]["total"] >= 19
     fairness = summary["fairness"]
     assert fairness["sms_rate_limit"] == 300 and fairness["reminders"] >= 8
     assert fairness["board_sms_per_s"] is not None
@@ -88,7 +89,8 @@ def test_a_small_demo_delivers_everything_and_says_so(tmp_path: Path) -> None:
         reader.join(10)
     stdout = "".join(lines)
     assert demo.returncode == Exit.OK, stdout
-    assert "all delivered, none lost: 13 of 13 tasks ended as expected" in stdout
+    assert "all delivered, none lost: 19 of 19 tasks ended as expected" in stdout
+    assert "state-board submitted its results day as a workflow" in stdout
     assert "the other dispatcher holds all 64 shards" in stdout
     assert "scheduler status shows state-board " in stdout
     check_small_story(json.loads(out.read_text()))

@@ -14,6 +14,7 @@ from scheduler.model import Priority, Task, TaskId
 from scheduler.ports import StoredTask, TaskStatus
 from scheduler.visibility.counts import Levels
 from scheduler.visibility.status import Status
+from scheduler.workflows.definition import compile_workflow
 
 AT = 1_796_299_771_000
 
@@ -61,6 +62,9 @@ def test_a_missing_sms_an_unfinished_task_and_an_unlisted_dead_task_each_fail_th
     assert not unfinished["ok"] and unfinished["tasks"]["lost"] == 1
     unlisted = summarise(tasks, done, keys, 0, [], [], [], 1, "embedded")
     assert not unlisted["ok"] and "not in the dead-letter list" in unlisted["tasks"]["not_as_expected"][0]
+    never = summarise(tasks, done, keys, 0, [], [letter(tasks[2])], [], 1, "embedded",
+                      ["state-board workflow results-day: 1 of its 7 steps never created"])
+    assert not never["ok"] and "never created" in never["tasks"]["not_as_expected"][0]
 
 
 def test_the_board_sorts_scheduled_tasks_by_due_time_and_the_rest_by_status() -> None:
@@ -74,15 +78,19 @@ def test_percentiles_are_nearest_rank() -> None:
     assert percentiles([]) == {"p50": None, "p90": None, "p99": None, "max": None}
 
 
-def test_the_story_plans_batches_reminders_and_one_doomed_reminder() -> None:
+def test_the_story_is_a_results_day_workflow_reminders_and_one_doomed_reminder() -> None:
     story = Story(results=1001, batch=500, reminders=3, reminder_delay_s=30)
-    items = story.plan(AT)
-    sizes = [len(item.payload["messages"]) for item in items if item.type == "result_sms"]
-    assert sizes == [500, 500, 1] and story.board_tasks == 3
-    reminders = [item for item in items if item.type == "reminder"]
+    definition, roots = compile_workflow(story.workflow())  # a valid workflow
+    assert [(s.name, s.width) for s in definition.steps] == [("render", 3), ("send", 3), ("report", 1)]
+    assert definition.by_name["send"].each_of == "render" and definition.by_name["report"].after == ("send",)
+    assert [len(story.batch_messages(n)) for n in range(3)] == [500, 500, 1] and story.board_steps == 7
+    assert story.batch_messages(1) == story.batch_messages(1)  # the send and the reconciliation agree
+    assert len({m["to"] for n in range(3) for m in story.batch_messages(n)}) > 990
+    reminders = story.plan(AT)
+    assert {item.type for item in reminders} == {"reminder"} and len(reminders) == 3
     assert [item.payload["to"] for item in reminders].count("+910000000000") == 1
-    assert reminders[-1].payload["to"] == "+910000000000" and story.expected_sms() == 1001 + 2
-    assert story.plan(AT) == items  # the same seed, the same story
+    assert reminders[-1].payload["to"] == "+910000000000" and story.expected_sms() == 1001 + 1 + 2
+    assert story.plan(AT) == reminders  # the same seed, the same story
 
 # The verdict on `scheduler status` beside the tasks: what a killed worker or dispatcher may
 # leave unwritten is explained, nothing more.
