@@ -186,7 +186,7 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
         results_at_ms = (now_ms() + int(options.lead_s * 1000)) // 1000 * 1000 + 1000
         reminders_at_ms = results_at_ms + int(story.reminder_delay_s * 1000)
         reminders = _submit(client, story, results_at_ms)
-        planned = reminders + _board_steps(client, story)
+        planned = _board_steps(client, story) + reminders
         ids = [task.task_id for task in planned]
         stage.note(f"state-board submitted its results day as a workflow due at "
                    f"t+{(results_at_ms - stage.began_ms) / 1000:.0f}s: render {story.board_tasks} batches, send "
@@ -200,7 +200,7 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
             dead = fleet.died()
             if dead is not None:
                 raise DemoFailure(f"{dead.name} exited with status {dead.process.returncode}:\n{dead.log_tail()}")
-            planned = reminders + _board_steps(client, story)  # the workflow's steps, as it creates them
+            planned = _board_steps(client, story) + reminders  # the workflow's steps, as it creates them
             ids = [task.task_id for task in planned]
             batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
             rows = store.get_many(ids)
@@ -234,7 +234,7 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
     codes = fleet.stop()
     stage.note("stopped: " + ", ".join(f"{name} exit {code}" for name, code in codes.items()
                                        if name != (stage.dispatcher_killed.name if stage.dispatcher_killed else "")))
-    planned = reminders + _board_steps(client, story)
+    planned = _board_steps(client, story) + reminders
     rows = store.get_many([task.task_id for task in planned])
     totals = gateway.totals()
     created = len(planned) - len(reminders)
