@@ -429,16 +429,17 @@ class Client:
             progress(report)
         return report
 
-    def store_tasks(self, tasks: Sequence[Task]) -> None:
+    def store_tasks(self, tasks: Sequence[Task], *, count: bool = True) -> None:
         """Store tasks already built and checked (a workflow's steps, whose ids follow from
-        their claim), count them as submitted and hand off those due soon, like `submit`.
+        their claim), count them as submitted (unless `count` is False: a writer that
+        only repeats another's insert) and hand off those due soon, like `submit`.
         `StoreError` when any write was not acknowledged, `HandoffFailed` after a failed
         hand-off; writing the same tasks again is safe."""
         failures = self.store.insert(tasks)
         if failures:
             raise StoreError(f"{sum(len(f.tasks) for f in failures)} tasks were not acknowledged by the store: "
                              f"{failures[0].reason}")
-        if self.events is not None:
+        if count and self.events is not None:
             self.events.add_many("submitted", count_pairs((task.tenant, task.type) for task in tasks))
         self._hand_off(tasks)
 

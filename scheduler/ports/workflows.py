@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler.model import TaskId
@@ -82,6 +82,9 @@ class Claim:
     run_at_ms: int
     created: bool
     """Every task of the unit is known stored (set after the insert)."""
+    won: bool = field(default=False, compare=False)
+    """This call's conditional write made the claim (False for a claim found held, and
+    in `claims`): its winner counts the tasks it creates, a loser only repeats the insert."""
 
 
 WHOLE = -1

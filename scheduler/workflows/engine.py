@@ -358,7 +358,9 @@ class Workflows:
                 TaskId.for_key(claim.run_at_ms, tenant, key), tenant, step.type,
                 step.payload if payloads is None else payloads[i], claim.run_at_ms, step.priority, 1,
                 step.max_attempts, key, step.cost))
-        self.client.store_tasks(tasks)
+        # Counted as submitted by the claim's winner only: a loser that finds the claim not
+        # yet marked inserts the same tasks again (the winner may have died), uncounted.
+        self.client.store_tasks(tasks, count=claim.won)
         self.store.mark_created(tenant, workflow_id, step.name, index)
         return True
 

@@ -148,8 +148,9 @@ def test_results_are_by_index_and_members_without_one_are_left_out(workflows: Wo
 def test_a_claim_is_won_once_and_later_claims_get_it(workflows: WorkflowStore) -> None:
     created(workflows)
     first = workflows.claim(TENANT, "wf-1", "a", WHOLE, NOW_MS + 100, RUNNING)
-    assert first == Claim("a", WHOLE, NOW_MS + 100, created=False)
-    assert workflows.claim(TENANT, "wf-1", "a", WHOLE, NOW_MS + 200, RUNNING) == first
+    assert first == Claim("a", WHOLE, NOW_MS + 100, created=False) and first.won
+    again = workflows.claim(TENANT, "wf-1", "a", WHOLE, NOW_MS + 200, RUNNING)
+    assert again == first and again is not None and not again.won
     member_claim = workflows.claim(TENANT, "wf-1", "a", 0, NOW_MS + 300, RUNNING)
     assert member_claim == Claim("a", 0, NOW_MS + 300, created=False)
     assert sorted(workflows.claims(TENANT, "wf-1"), key=lambda c: c.index) == [first, member_claim]
@@ -162,6 +163,7 @@ def test_one_of_many_concurrent_claims_wins_and_every_caller_gets_its_run_at(wor
     winner = answers[0]
     assert winner is not None and winner.run_at_ms in offered and not winner.created
     assert answers == [winner] * len(offered)
+    assert sum(1 for answer in answers if answer is not None and answer.won) == 1
     assert workflows.claims(TENANT, "wf-1") == [winner]
 
 

@@ -5,7 +5,8 @@ worker's settler feeds it, including the repeats and crashes a worker can cause.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,11 +14,12 @@ import pytest
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
-from scheduler.errors import InvalidTask
+from scheduler.errors import InvalidTask, StoreError
 from scheduler.model import Task, TaskId, encode_payload
 from scheduler.ports import CancelOutcome, TaskStatus
 from scheduler.ports.workflows import WHOLE, Member, MemberOutcome, WorkflowState
 from scheduler.producer import Client
+from scheduler.visibility.counts import EventCounter
 from scheduler.workflows.definition import InvalidWorkflow, Step, Workflow, step_key
 from scheduler.workflows.engine import StepEnd, Workflows, decode_definition, member_task_ids
 
@@ -231,6 +233,46 @@ def test_a_cancelled_workflow_cancels_its_steps_and_creates_nothing_more(rig: Ri
     assert set(again[1].values()) == {CancelOutcome.ALREADY_CANCELLED}
     assert rig.flows.cancel(TENANT, "no-such") is None
     assert rig.flows.cancel("another-tenant", wf) is None
+
+
+class Submitted(EventCounter):
+    """Counts what a client reports as submitted, by type."""
+
+    def __init__(self) -> None:
+        super().__init__("test")
+        self.by_type: Counter[str] = Counter()
+
+    def add_many(self, event: str, counts: Mapping[tuple[str, str], int]) -> None:
+        if event == "submitted":
+            for (_, type_), n in counts.items():
+                self.by_type[type_] += n
+
+
+def test_a_step_inserted_again_after_a_cut_short_create_is_counted_as_submitted_once(rig: Rig) -> None:
+    """render[0]'s end claims send[0] and stores it, then the mark fails; the end is
+    settled again, finds the claim unmarked and inserts the same task again, uncounted:
+    `scheduler status` must not show a send waiting for ever."""
+    counted = Submitted()
+    client = Client(rig.tasks, tenant=TENANT, events=counted)
+    flows = Workflows(rig.store, client)
+    wf = flows.submit(results_day(1))
+    assert counted.by_type == Counter({"render": 1})
+    marks = rig.store.mark_created
+    failed: list[str] = []
+
+    def mark_fails_once(tenant: str, workflow_id: str, step: str, index: int) -> None:
+        if step == "send" and not failed:
+            failed.append(step)
+            raise StoreError("timed out")
+        marks(tenant, workflow_id, step, index)
+
+    rig.store.mark_created = mark_fails_once  # type: ignore[method-assign]
+    render = StepEnd(rig.task(wf, "render", 0), MemberOutcome.DONE)
+    with pytest.raises(StoreError):
+        flows.ended(render)
+    flows.ended(render)  # the batch settled again
+    assert failed and ("send", 0) in rig.created(wf)
+    assert counted.by_type == Counter({"render": 1, "send_sms": 1})
 
 
 def test_a_step_cannot_be_forged_nor_cancelled_alone(rig: Rig) -> None:

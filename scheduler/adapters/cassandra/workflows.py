@@ -198,7 +198,7 @@ class CassandraWorkflowStore:
               when: WorkflowState) -> Claim | None:
         result = self._run("claim", (run_at_ms, tenant, workflow_id, step, index, when.value))
         if result.was_applied:
-            return Claim(step, index, run_at_ms, False)
+            return Claim(step, index, run_at_ms, False, won=True)
         held = answer_column(result, "run_at_ms")
         if held is None:
             return None  # unclaimed, so the state is not `when` (or there is no workflow)

@@ -162,7 +162,7 @@ class SqliteWorkflowStore:
                 return None
             db.execute("INSERT INTO workflow_claims (tenant, workflow_id, step, idx, run_at_ms, created) "
                        "VALUES (?, ?, ?, ?, ?, 0)", (*unit, run_at_ms))
-            return Claim(step, index, run_at_ms, False)
+            return Claim(step, index, run_at_ms, False, won=True)
 
     def claims(self, tenant: str, workflow_id: str) -> list[Claim]:
         rows = self._read(f"SELECT step, idx, run_at_ms, created FROM workflow_claims WHERE {_KEY} "
