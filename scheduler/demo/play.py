@@ -205,7 +205,7 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
             batch_sizes = {str(task.task_id): len(task.sms_keys) for task in planned if task.type == RESULT_TYPE}
             rows = store.get_many(ids)
             if not stage.worker_killed and now_ms() >= results_at_ms:
-                _kill_a_worker_mid_batch(fleet, gateway, batch_sizes, stage)
+                _kill_a_worker_mid_batch(fleet, gateway, batch_sizes, story.board_tasks, stage)
             if stage.dispatcher_killed is None and now_ms() >= kill_dispatcher_ms:
                 victim = fleet.of_kind("dispatcher")[0]
                 stage.killed_shards = frozenset(victim.shards())
@@ -327,9 +327,10 @@ def _board_steps(client: Client, story: Story) -> list[Planned]:
     return planned
 
 
-def _kill_a_worker_mid_batch(fleet: Fleet, gateway: Gateway, batch_sizes: dict[str, int], stage: Stage) -> None:
-    """Kill the worker running a batch that is partly sent, if one is; once every batch
-    has gone out, give up and say so."""
+def _kill_a_worker_mid_batch(fleet: Fleet, gateway: Gateway, batch_sizes: dict[str, int], batches: int,
+                             stage: Stage) -> None:
+    """Kill the worker running a batch that is partly sent, if one is; once every one of
+    the `batches` sends exists and has gone out, give up and say so."""
     sent = gateway.sent_per_task()
     workers = {m.process.pid: m for m in fleet.of_kind("worker") if m.alive()}
     if len(workers) < 2:
@@ -343,7 +344,7 @@ def _kill_a_worker_mid_batch(fleet: Fleet, gateway: Gateway, batch_sizes: dict[s
             stage.note(f"{victim.name} killed (kill -9) in the middle of a batch ({sent[start.task]} of {size} "
                        "SMS sent); its uncommitted batches go to the other workers")
             return
-    if all(sent.get(task, 0) >= size for task, size in batch_sizes.items()):
+    if len(batch_sizes) == batches and all(sent.get(task, 0) >= size for task, size in batch_sizes.items()):
         stage.worker_killed = True
         stage.note("every result batch went out before a worker could be caught mid-batch; no worker killed")
 
