@@ -229,6 +229,12 @@ class Workflows:
                 return  # another copy of the member succeeded: done wins, and its settle advanced
             if not definition.tolerated(step.name):
                 self._fail(tenant, workflow_id, definition)
+                # Another copy may have ended done meanwhile, after this read but before
+                # the fail, and found the workflow still running: read again, and open it
+                # again if so (one of the two always sees the other's write).
+                _, again, _ = self.store.start_check(tenant, workflow_id, step.name, index)
+                if again is not None and again.outcome is MemberOutcome.DONE:
+                    self._reopen(tenant, workflow_id, definition)
                 return
         if state is WorkflowState.FAILED and outcome is MemberOutcome.DONE:
             self._reopen(tenant, workflow_id, definition)
@@ -308,7 +314,10 @@ class Workflows:
         self.sweep(tenant, workflow_id)
 
     def _any_dead(self, tenant: str, workflow_id: str, definition: Definition) -> bool:
-        return any(m.outcome is MemberOutcome.DEAD and not definition.tolerated(m.step)
+        """A dead member that fails the workflow: not one before `all_finished` joins
+        only, nor the on-failure step's own (it follows the failure, it does not cause it)."""
+        failure = definition.on_failure.name if definition.on_failure is not None else None
+        return any(m.outcome is MemberOutcome.DEAD and m.step != failure and not definition.tolerated(m.step)
                    for m in self.store.members(tenant, workflow_id))
 
     def sweep(self, tenant: str, workflow_id: str) -> None:

@@ -192,6 +192,45 @@ def test_a_member_that_dies_while_a_replay_reopens_the_workflow_fails_it_again(r
     assert [c.step for c in rig.store.claims(TENANT, wf)].count("alert") == 1  # the on-failure step, once
 
 
+def test_a_copy_that_succeeds_while_another_copy_fails_the_workflow_opens_it_again(rig: Rig) -> None:
+    """Two copies of render[0]: one ends dead and reads the member (dead); before it fails
+    the workflow, the other ends done and finds the workflow still running. The dead copy
+    fails it, reads again, finds the member done, and opens it again: the workflow is not
+    left failed with no dead member."""
+    wf = rig.flows.submit(results_day(1))
+    checks = rig.store.start_check
+    injected: list[bool] = []
+
+    def check_then_the_other_copy_succeeds(tenant: str, workflow_id: str, step: str, index: int
+                                           ) -> tuple[WorkflowState | None, Member | None, bytes | None]:
+        found = checks(tenant, workflow_id, step, index)
+        if not injected:
+            injected.append(True)
+            rig.end(wf, "render", 0)  # the done copy, start to end
+        return found
+
+    rig.store.start_check = check_then_the_other_copy_succeeds  # type: ignore[method-assign]
+    rig.end(wf, "render", 0, MemberOutcome.DEAD)
+    rig.store.start_check = checks  # type: ignore[method-assign]
+    assert injected
+    assert rig.state(wf) is WorkflowState.RUNNING
+    assert ("send", 0) in rig.created(wf)
+    rig.end(wf, "send", 0)
+    rig.end(wf, "report", 0)
+    assert rig.state(wf) is WorkflowState.SUCCEEDED
+
+
+def test_a_dead_on_failure_step_does_not_keep_a_replayed_workflow_failed(rig: Rig) -> None:
+    wf = rig.flows.submit(results_day(1))
+    rig.end(wf, "render", 0, MemberOutcome.DEAD)
+    rig.end(wf, "alert", 0, MemberOutcome.DEAD)  # the alert itself failed
+    dead = rig.task(wf, "render", 0)
+    replayed = Task(TaskId.for_key(dead.run_at_ms + 5_000, TENANT, dead.idempotency_key or ""), TENANT, dead.type,
+                    dead.payload, dead.run_at_ms + 5_000, idempotency_key=dead.idempotency_key)
+    rig.flows.ended(StepEnd(replayed, MemberOutcome.DONE))
+    assert rig.state(wf) is WorkflowState.RUNNING and ("send", 0) in rig.created(wf)
+
+
 def test_a_copy_that_dies_after_another_copy_succeeded_changes_nothing(rig: Rig) -> None:
     """Two copies of render[0] ran at once (a rebalance): one succeeded, then the other
     died. The member stays done with its result, the workflow running, send[0] created."""
