@@ -15,12 +15,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.errors import InvalidPayload, StoreError
+from scheduler.errors import InvalidPayload
 from scheduler.model import Task, decode_payload, encode_payload
 from scheduler.ports.workflows import MemberOutcome
+from scheduler.worker.context import EffectBusy
 from scheduler.worker.policy import PermanentError
 from scheduler.workflows.definition import MAX_RESULT_BYTES, parse_step_key
 from scheduler.workflows.engine import StepEnd, StepStart, Workflows
+
+
+class CheckTooSlow(EffectBusy):
+    """The store answered the check before a step too slowly, `CHECK_TRIES` times: the
+    same attempt is tried again after a backoff, with no report, as for a busy effect;
+    a slow store never uses up a step's attempts."""
 
 
 class StepCancelled(Exception):
@@ -73,15 +80,15 @@ CHECK_TRIES = 5
 def before(workflows: Workflows, task: Task, clock: Callable[[], float] = time.monotonic) -> StepStart:
     """`StepCancelled` for a step of a cancelled workflow; otherwise what to do. Called
     just before the handler, on its thread. A check that took longer than `FRESH_S` is
-    made again (after `CHECK_TRIES` slow ones, `StoreError`: the attempt is retried)."""
+    made again (after `CHECK_TRIES` slow ones, `CheckTooSlow`: the same attempt later)."""
     for _ in range(CHECK_TRIES):
         sent = clock()
         start = workflows.start_check(task)
         if clock() - sent <= FRESH_S:
             break
     else:
-        raise StoreError(f"the workflow check of step {task.idempotency_key} took over {FRESH_S} s {CHECK_TRIES} "
-                         "times: the store is too slow to start it safely")
+        raise CheckTooSlow(f"the workflow check of step {task.idempotency_key} took over {FRESH_S} s {CHECK_TRIES} "
+                           "times: the store is too slow to start it safely")
     if start.cancelled:
         raise StepCancelled(f"workflow of step {task.idempotency_key} is cancelled")
     return start

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from scheduler.errors import StoreError
 from scheduler.model import Task, TaskId
+from scheduler.worker.context import EffectBusy
 from scheduler.workflows import steps
 from scheduler.workflows.engine import StepStart
 
@@ -56,13 +56,15 @@ def test_a_late_running_is_not_trusted_and_the_check_again_finds_the_cancel() ->
     assert checks.made == 2
 
 
-def test_a_store_slow_every_time_fails_the_attempt_rather_than_start_it_unchecked() -> None:
+def test_a_store_slow_every_time_defers_the_attempt_rather_than_start_it_unchecked() -> None:
+    """Deferred as a busy effect is (the same attempt later, no report): a slow store
+    never uses up the step's attempts."""
     def slow() -> Iterator[tuple[float, StepStart]]:
         while True:
             yield 1.0, RUNNING
 
     checks = Checks([])
     checks.answers = slow()
-    with pytest.raises(StoreError, match="too slow"):
+    with pytest.raises(steps.CheckTooSlow, match="too slow") as raised:
         before(checks)
-    assert checks.made == steps.CHECK_TRIES
+    assert checks.made == steps.CHECK_TRIES and isinstance(raised.value, EffectBusy)
