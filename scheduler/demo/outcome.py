@@ -67,7 +67,8 @@ def summarise(planned: Sequence[Planned], rows: Mapping[TaskId, StoredTask], sen
               starts: Sequence[Start], dead_letters: Sequence[Any], events: Sequence[dict[str, Any]],
               seconds: float, backend: str, not_created: Sequence[str] = ()) -> dict[str, Any]:
     """The demo's closing document: tasks, SMS, duplicates, lateness, events, and `ok`.
-    `not_created`: workflow steps that should exist and do not, each lost."""
+    `not_created`: what is wrong with a workflow itself (steps never created, or it did not
+    succeed), each counted lost."""
     dead_lettered = {str(letter.task_id) for letter in dead_letters if letter.task_id is not None}
     first_start: dict[str, int] = {}
     runs: dict[str, int] = defaultdict(int)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
@@ -33,6 +34,7 @@ from scheduler.connecting import backend_settings, connect
 from scheduler.errors import SchedulerError, StoreUnavailable
 from scheduler.model import TaskId, from_ms
 from scheduler.ports import StoredTask
+from scheduler.ports.workflows import WorkflowState
 from scheduler.producer import Client
 from scheduler.ui.serving import PageServer
 from scheduler.visibility.status import read_status
@@ -238,10 +240,14 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
     rows = store.get_many([task.task_id for task in planned])
     totals = gateway.totals()
     created = len(planned) - len(reminders)
-    not_created = [f"{BOARD} workflow {WORKFLOW_ID}: {story.board_steps - created} of its {story.board_steps} steps "
+    workflow_problems = [f"{BOARD} workflow {WORKFLOW_ID}: {story.board_steps - created} of its {story.board_steps} steps "
                    "never created"] if created < story.board_steps else []
+    record = client.workflows.store.read(BOARD, WORKFLOW_ID)
+    if record is None or record.state is not WorkflowState.SUCCEEDED:
+        workflow_problems.append(f"{BOARD} workflow {WORKFLOW_ID}: {record.state.value if record else 'not stored'}, "
+                           "not succeeded")
     summary = summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
-                        (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend], not_created)
+                        (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend], workflow_problems)
     summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
     killed = {m.process.pid for m in fleet.of_kind("worker") if m.killed_at_ms is not None}
     starts = gateway.starts()
@@ -318,13 +324,19 @@ def _board_steps(client: Client, story: Story) -> list[Planned]:
                                                          store.claims(BOARD, WORKFLOW_ID)).items()):
         spec = definition.by_name[step]
         if spec.type == RESULT_TYPE:
-            keys = tuple(f"{task_id}:sms:{m['to']}" for m in story.batch_messages(index))
+            keys = _send_keys(story, index, task_id)
         elif step == "report":
             keys = (f"{task_id}:sms",)
         else:
             keys = ()
         planned.append(Planned(task_id, BOARD, spec.type, task_id.run_at_ms, keys))
     return planned
+
+
+@functools.lru_cache(maxsize=8192)
+def _send_keys(story: Story, batch_no: int, task_id: TaskId) -> tuple[str, ...]:
+    """A send's SMS keys, made once per send (the board is redrawn five times a second)."""
+    return tuple(f"{task_id}:sms:{m['to']}" for m in story.batch_messages(batch_no))
 
 
 def _kill_a_worker_mid_batch(fleet: Fleet, gateway: Gateway, batch_sizes: dict[str, int], batches: int,
