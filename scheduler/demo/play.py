@@ -240,12 +240,12 @@ def _story(options: DemoOptions, settings: backends.BackendSettings, client: Cli
     rows = store.get_many([task.task_id for task in planned])
     totals = gateway.totals()
     created = len(planned) - len(reminders)
-    workflow_problems = [f"{BOARD} workflow {WORKFLOW_ID}: {story.board_steps - created} of its {story.board_steps} steps "
-                   "never created"] if created < story.board_steps else []
+    workflow_problems = [f"{BOARD} workflow {WORKFLOW_ID}: {story.board_steps - created} of its "
+                         f"{story.board_steps} steps never created"] if created < story.board_steps else []
     record = client.workflows.store.read(BOARD, WORKFLOW_ID)
     if record is None or record.state is not WorkflowState.SUCCEEDED:
-        workflow_problems.append(f"{BOARD} workflow {WORKFLOW_ID}: {record.state.value if record else 'not stored'}, "
-                           "not succeeded")
+        state = record.state.value if record is not None else "not stored"
+        workflow_problems.append(f"{BOARD} workflow {WORKFLOW_ID}: {state}, not succeeded")
     summary = summarise(planned, rows, gateway.sent_keys(), totals.absorbed, gateway.starts(), letters, stage.events,
                         (now_ms() - stage.began_ms) / 1000, BACKEND_NAMES[options.backend], workflow_problems)
     summary["fairness"] = _fairness(story, gateway, reminders_at_ms)
