@@ -133,8 +133,9 @@ def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partit
 
     A partition can be briefly without a leader the broker knows of, just after its topic
     was made or while a broker that led it restarts; the answer is then a retriable
-    error (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again until
-    `connect_timeout_s` has passed. Anything else, or no answer in time, is
+    error (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again, after the
+    topic's metadata is fetched afresh (a client can keep asking a broker that no longer
+    or not yet leads it), until `connect_timeout_s` has passed. Anything else, or no answer in time, is
     `QueueUnavailable`."""
     deadline = time.monotonic() + settings.connect_timeout_s
     while True:
@@ -150,6 +151,10 @@ def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partit
             if not retriable or time.monotonic() + WATERMARK_RETRY_S >= deadline:
                 raise unavailable(settings, settings.connect_timeout_s, error) from exc
         time.sleep(WATERMARK_RETRY_S)
+        try:  # ask for the topic's leaders afresh: the answer came from what the client last knew
+            consumer.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
+        except KafkaException:
+            pass  # the next ask says what is wrong
 
 
 def unavailable(settings: KafkaSettings, timeout_s: float, cause: object) -> QueueUnavailable:
