@@ -37,6 +37,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,14 @@ from scheduler.workflows import steps
 from scheduler.workflows.engine import Workflows
 
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
+
+RUNNING_REPORT_AFTER_S = 1.0
+"""How long an attempt runs before its `running` status is written. Most attempts end
+sooner and write only how they ended: one status write instead of two, which is where
+most of the store's work per task went. `get` shows such an attempt as not yet started
+until then; nothing else reads `running` (the counts of `scheduler status` are kept by
+the worker, and the store orders reports by attempt and phase whether or not `running`
+was written). 0 writes it at every start."""
 
 CHUNK_BELOW_S = 0.001
 """Plain handlers of a type whose recent runs averaged less than this are started in
@@ -82,8 +91,13 @@ class Execution:
     def __init__(self, stats: WorkerStats, *, concurrency: int, member: str, ledger: EffectLedger | None,
                  settle: Callable[[Plan], None], stop: threading.Event,
                  on_started: Callable[[Job], None] | None = None,
-                 clock_ms: Callable[[], int] = wall_clock_ms, workflows: Workflows | None = None) -> None:
+                 clock_ms: Callable[[], int] = wall_clock_ms, workflows: Workflows | None = None,
+                 running_report_after_s: float = RUNNING_REPORT_AFTER_S) -> None:
         self._stats = stats
+        self._running_report_after_s = running_report_after_s
+        self._unreported: deque[Job] = deque()
+        """Started jobs in start order whose `running` report is not yet due
+        (`report_running`)."""
         self._workflows = workflows
         self._clock_ms = clock_ms
         self.concurrency = concurrency
@@ -137,7 +151,10 @@ class Execution:
             self.running[job] = None
             if self._on_started is not None:
                 self._on_started(job)
-            self._settle(Plan(None, report=running_report(task)))
+            if self._running_report_after_s <= 0:
+                self._settle(Plan(None, report=running_report(task)))
+            else:
+                self._unreported.append(job)
             context = Context(task, job.message.fence, self._ledger, claim_s=(timeout or CLAIM_S) + 5.0,
                               worker=self._instance)
             context.workflow = steps.step_context(self._workflows, task)
@@ -193,6 +210,17 @@ class Execution:
                 self._stats.effects_run += finished.context.effects_run
                 self._stats.effects_skipped += finished.context.effects_skipped
             yield finished
+
+    def report_running(self) -> None:
+        """Report `running` for the jobs started `running_report_after_s` ago or more
+        that have not finished, and forget the finished ones. Start order is deadline
+        order, so no job is looked at twice, nor held long after it finished."""
+        due = time.monotonic() - self._running_report_after_s
+        unreported = self._unreported
+        while unreported and (unreported[0].finished or unreported[0].started_at <= due):
+            job = unreported.popleft()
+            if not job.finished:
+                self._settle(Plan(None, report=running_report(job.message.task)))
 
     def expire(self) -> Iterator[tuple[Job, TimeoutError]]:
         """Plain jobs past their timeout, each once, with the error to settle them by;

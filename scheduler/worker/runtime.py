@@ -77,7 +77,7 @@ from scheduler.visibility.labels import TypeLabels
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
 from scheduler.worker.commits import Commits
-from scheduler.worker.execution import CHUNK_MAX, Execution
+from scheduler.worker.execution import CHUNK_MAX, RUNNING_REPORT_AFTER_S, Execution
 from scheduler.worker.fences import Fences
 from scheduler.worker.intake import CHECKS as CHECKS  # re-exported: the CLI's choices of --check
 from scheduler.worker.intake import Intake
@@ -120,6 +120,8 @@ class WorkerConfig:
     suspect_window_s: float = 30.0
     lag_interval_s: float = 2.0
     """How often the main loop asks the consumer for its lag (`WorkerStats.consumer_lag`)."""
+    running_report_after_s: float = RUNNING_REPORT_AFTER_S
+    """How long an attempt runs before `running` is written (`execution.RUNNING_REPORT_AFTER_S`)."""
 
 
 class Worker:
@@ -177,7 +179,8 @@ class Worker:
         )
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started,
-                                    clock_ms=clock_ms, workflows=self.workflows)
+                                    clock_ms=clock_ms, workflows=self.workflows,
+                                    running_report_after_s=config.running_report_after_s)
         self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.
@@ -269,6 +272,7 @@ class Worker:
         self._collect()
         self._commits.take_settled()
         self._expire()
+        execution.report_running()
         intake.flow_control(consumer)
         self._commits.maybe_commit(consumer)
         self._fences.maybe_refresh()
@@ -358,6 +362,7 @@ class Worker:
             intake.take_checked()
             self._collect()
             self._expire()
+            self._execution.report_running()
             self._commits.take_settled()
         self.abandoned = len(execution.running) + execution.zombies
         if execution.running:

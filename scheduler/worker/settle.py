@@ -8,9 +8,9 @@ few large requests (one store insert, one hand-off append, one dead-letter flush
 status write grouped by partition into unlogged batches), and only then hands the
 plans' deliveries back as settled, so the main loop may commit them.
 
-Status reports coalesce: a `running` report queued when a handler starts is dropped if
-the same attempt's `done` is in the same batch, so a handler that finishes within one
-batch interval costs one status write, not two.
+Status reports coalesce: a `running` report (queued once a handler has run for
+`execution.RUNNING_REPORT_AFTER_S`) is dropped if the same attempt's `done` is in the
+same batch, so each attempt costs one status write, two only if it runs long.
 
 A failed write is retried, with backoff, until it succeeds or the worker stops: an
 outcome is never settled before it is durable, so a crash at any point loses nothing

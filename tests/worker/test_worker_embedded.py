@@ -235,9 +235,37 @@ def test_a_long_task_in_the_long_pool_does_not_delay_short_ones(rig: EmbeddedRig
     shorts = rig.fire([task("sms") for _ in range(50)])
     rig.start(app, pool="default", member="short-1", concurrency=1)
     wait_for(lambda: all(rig.home(s).status is TaskStatus.DONE for s in shorts), what="the short tasks")
-    assert rig.home(long_task).status is TaskStatus.RUNNING
+    wait_for(lambda: rig.home(long_task).status is TaskStatus.RUNNING, what="the long task shown running")
     release.set()
     wait_for(lambda: rig.home(long_task).status is TaskStatus.DONE)
+
+
+def test_an_attempt_that_ends_before_its_running_report_is_due_writes_one_status(rig: EmbeddedRig) -> None:
+    items = rig.fire([task("sms") for _ in range(40)])
+    worker = rig.start(running_report_after_s=60.0)
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items), what="done")
+    settler = worker._settler.stats
+    wait_for(lambda: settler.reports_written == 40, what="the done reports written")
+    assert settler.reports_coalesced == 0, "a running report was queued for an attempt that had ended"
+
+
+def test_an_attempt_still_running_past_the_report_delay_shows_running(rig: EmbeddedRig) -> None:
+    release = threading.Event()
+    app = App("slow")
+
+    @app.handler("report")
+    def report(ctx: Context, payload: dict[str, Any]) -> None:
+        release.wait(60)
+
+    (item,) = rig.fire([task("report")])
+    worker = rig.start(app, running_report_after_s=0.3)
+    wait_for(lambda: worker.stats.started == 1, what="the attempt to start")
+    try:
+        wait_for(lambda: rig.home(item).status is TaskStatus.RUNNING, what="running, once the delay passed")
+        assert rig.home(item).status_attempt == 1
+    finally:
+        release.set()
+    wait_for(lambda: rig.home(item).status is TaskStatus.DONE, what="done")
 
 
 def test_async_handlers_run_and_their_effects_are_recorded_once(rig: EmbeddedRig) -> None:
@@ -392,7 +420,9 @@ def test_a_copy_that_finds_the_effect_claimed_is_deferred_as_the_same_attempt(ri
     worker = rig.start()
     wait_for(lambda: worker.stats.deferred == 1 and handed_tasks(rig), what="the deferral")
     assert [(c.id, c.attempt) for c in handed_tasks(rig)] == [(item.id, 3)]
-    assert rig.home(item).status is TaskStatus.RUNNING  # not failed, not dead: the last attempt is not spent
+    # Not failed, not dead: the last attempt is not spent (and it ended too soon to be
+    # reported running).
+    assert rig.home(item).status is TaskStatus.SCHEDULED
     assert worker.stats.dead == 0 and not letters(rig)
 
 
