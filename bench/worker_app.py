@@ -6,7 +6,8 @@ microsecond; no I/O, no lock beyond the GIL). When the process exits (SIGTERM ma
 `scheduler worker` drain and return normally), the list is written to
 `$BENCH_WORKER_RECORDS/handled-<pid>.bin`, one fixed-size record a handler start
 (`RECORD`: 16-byte id, attempt, start ms), which `bench.nine.workers.read_records`
-reads back. Without `BENCH_WORKER_RECORDS` the starts are counted and dropped.
+reads back. Without `BENCH_WORKER_RECORDS` the starts are counted and dropped. With
+`BENCH_HANDLER_MS` the handler is `async` and then waits that long, as a send would.
 
 A worker killed with SIGKILL writes nothing: the benches stop their workers with
 SIGTERM, and report a worker that had to be killed.
@@ -14,6 +15,7 @@ SIGTERM, and report a worker that had to be killed.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import struct
@@ -33,11 +35,26 @@ _starts: list[tuple[int, int, int]] = []
 """(task id value, attempt, start ms) of every handler start in this process."""
 
 
-@app.handler("sms")
-def sms(ctx: Context, payload: Any) -> None:
-    """A no-op SMS: records its start and returns."""
-    task = ctx.task
-    _starts.append((task.id.value, task.attempt, time.time_ns() // 1_000_000))
+HANDLER_MS_ENV = "BENCH_HANDLER_MS"
+"""Milliseconds each SMS takes, as a send to a provider would (0 or unset: none)."""
+
+_handler_s = float(os.environ.get(HANDLER_MS_ENV) or 0) / 1000
+
+
+if _handler_s > 0:
+    @app.handler("sms")
+    async def sms(ctx: Context, payload: Any) -> None:
+        """An SMS that waits `BENCH_HANDLER_MS` without holding a thread, as an async
+        client of a provider would: records its start, then sleeps."""
+        task = ctx.task
+        _starts.append((task.id.value, task.attempt, time.time_ns() // 1_000_000))
+        await asyncio.sleep(_handler_s)
+else:
+    @app.handler("sms")
+    def sms(ctx: Context, payload: Any) -> None:
+        """A no-op SMS: records its start and returns."""
+        task = ctx.task
+        _starts.append((task.id.value, task.attempt, time.time_ns() // 1_000_000))
 
 
 def record_path(directory: Path, pid: int) -> Path:

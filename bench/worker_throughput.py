@@ -86,6 +86,7 @@ from bench.nine.workers import Handled, WorkerFleet, all_settled, read_records, 
 from bench.nine.workload import Burst, text_length_for
 from bench.scraper import Scraper
 from bench.scraper import summary as scraper_summary
+from bench.worker_app import HANDLER_MS_ENV
 from scheduler.model import BUCKET_MS, DEFAULT_MAX_ATTEMPTS, Priority, Task, TaskId, encode_message, encode_payload
 from scheduler.ports import Publisher, TaskStore
 from scheduler.settings import KafkaSettings
@@ -113,6 +114,7 @@ class Options:
     work_dir: Path | None
     py_spy: Path | None
     metrics: bool = False
+    handler_ms: int = 0
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
@@ -144,18 +146,21 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "unless --keep or something failed)")
     parser.add_argument("--py-spy", type=Path, metavar="DIR",
                         help="record each worker with py-spy (raw collapsed stacks, by thread) into DIR")
+    parser.add_argument("--handler-ms", type=int, default=0,
+                        help="each task's handler waits this long (async, like a provider call; use a --concurrency "
+                             "of hundreds); default 0, a no-op")
     parser.add_argument("--metrics", action="store_true",
                         help="start every worker with --metrics-port 0 and scrape it every second, as Prometheus "
                              "would: measures what the metrics cost (run with and without it, alternately)")
     args = parser.parse_args(argv)
     if args.tasks < 1 or not 1 <= args.processes <= 8 or not 1 <= args.concurrency <= 1024:
         parser.error("--tasks must be positive, --processes 1 to 8, --concurrency 1 to 1024")
-    if args.payload_bytes < 0 or args.tenants < 1 or args.ceiling_tasks < 0:
-        parser.error("--payload-bytes >= 0, --tenants >= 1, --ceiling-tasks >= 0")
+    if args.payload_bytes < 0 or args.tenants < 1 or args.ceiling_tasks < 0 or args.handler_ms < 0:
+        parser.error("--payload-bytes >= 0, --tenants >= 1, --ceiling-tasks >= 0, --handler-ms >= 0")
     timeout_s = args.timeout_s if args.timeout_s is not None else 120 + args.tasks / 500
     return args, Options(args.backend, args.tasks, args.concurrency, args.processes, args.payload_bytes,
                          args.tenants, min(args.ceiling_tasks, args.tasks), timeout_s, args.keep, args.work_dir,
-                         args.py_spy, args.metrics)
+                         args.py_spy, args.metrics, args.handler_ms)
 
 
 # The backends: where the tasks are stored and published, and how the workers find them.
@@ -296,7 +301,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
          + (f", status-write ceiling {ceilings['status_write']['reports_per_s']} reports/s"
             if "status_write" in ceilings else ""))
 
-    fleet = WorkerFleet(backend.env, work_dir, backend.worker_args)
+    fleet = WorkerFleet({**backend.env, HANDLER_MS_ENV: str(options.handler_ms)}, work_dir, backend.worker_args)
     profiler = Profiler(options.py_spy, fleet)
 
     def stop_workers() -> None:
@@ -342,6 +347,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
 
     result = figures(options, fleet, records, [task.id.bytes for task in tasks], cpu_timeline, cpu_end, started_ms)
     result["home_rows"] = statuses
+    written = fleet.totals()["reports_written"]
+    result["status_writes"] = {"reports_written": written, "per_task": round(written / options.tasks, 3)}
     result["ceilings"] = ceilings
     throughput = result["throughput"]
     for name, key, ceiling_key in (("consume", "vs_consume_ceiling", "msgs_per_s"),
@@ -482,7 +489,9 @@ def summary(document: dict[str, Any]) -> list[str]:
     server_per_task = (f"; Cassandra {server_s / through['tasks'] * 1e6:,.0f} us a task"
                        if server_s is not None and through.get("tasks") else "")
     lines = [
-        f"worker throughput: {settings['tasks']:,} no-op tasks, {settings['processes']} worker process(es) x "
+        f"worker throughput: {settings['tasks']:,} "
+        + (f"{settings['handler_ms']} ms" if settings.get("handler_ms") else "no-op")
+        + f" tasks, {settings['processes']} worker process(es) x "
         f"concurrency {settings['concurrency']}, backend {settings['backend']}",
         f"  tasks/s                 {number(through.get('tasks_per_s'))} (up to {number(through.get('tasks_per_s_upper'))}"
         f"; stats once a second), per process {number(through.get('tasks_per_s_per_process'))}",
@@ -510,6 +519,8 @@ def summary(document: dict[str, Any]) -> list[str]:
         f"{number(cpu.get('workers_cpu_us_per_task'), ' us')} a task; {number(cpu.get('workers_cpu_s_total'), ' s')} "
         f"with start-up{server_per_task}",
         "  cores in the window     " + (", ".join(f"{k} {v}" for k, v in cores.items()) or "n/a"),
+        f"  status writes           {number(document['status_writes']['reports_written'])} reports, "
+        f"{document['status_writes']['per_task']} a task",
         f"  delivery                handled {delivery['handled']:,} of {delivery['expected']:,}, lost "
         f"{delivery['lost']:,}, repeated {delivery['duplicated_tasks']:,}; home rows {document['home_rows']}",
         "  targets missed:         " + (", ".join(

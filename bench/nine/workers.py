@@ -32,16 +32,17 @@ from .settings import STOP_TIMEOUT_S
 WORKER_APP = "bench.worker_app:app"
 
 COUNTERS = ("received", "started", "done", "retried", "dead", "skipped", "running", "buffered", "reports_settled",
-            "reports_submitted", "check_failures", "stale_fence", "commit_failures", "revoked", "unknown_type",
+            "reports_submitted", "reports_written", "check_failures", "stale_fence", "commit_failures", "revoked", "unknown_type",
             "undecodable", "timed_out")
 
 
 def counters(stats: Mapping[str, Any]) -> dict[str, int]:
     """The figures of one worker snapshot (`Worker.snapshot()`) the benches use.
 
-    `reports_submitted`: status reports the worker queued for the settler (a `running`
-    at each start, an outcome at each end); `reports_settled`: those the settler made
-    durable, or dropped as superseded by a later one of the same batch (coalesced)."""
+    `reports_submitted`: status reports the worker queued for the settler (an outcome at
+    each end, a `running` for an attempt still running after a second); `reports_settled`:
+    those the settler made durable, or dropped as superseded by a later one of the same
+    batch (coalesced); `reports_written`: those made durable."""
     settler = stats.get("settler", {})
     got = {name: int(stats.get(name, 0)) for name in ("received", "started", "done", "retried", "dead",
                                                        "check_failures", "stale_fence", "commit_failures",
@@ -51,7 +52,9 @@ def counters(stats: Mapping[str, Any]) -> dict[str, int]:
     got["running"] = int(stats.get("running", 0))
     got["buffered"] = sum(int(n) for n in stats.get("buffered", {}).values())
     got["reports_settled"] = int(settler.get("reports_written", 0)) + int(settler.get("reports_coalesced", 0))
-    got["reports_submitted"] = got["started"] + got["done"] + got["retried"] + got["dead"] - got["undecodable"]
+    got["reports_written"] = int(settler.get("reports_written", 0))
+    got["reports_submitted"] = int(settler["reports_submitted"]) if "reports_submitted" in settler else \
+        got["started"] + got["done"] + got["retried"] + got["dead"] - got["undecodable"]  # a worker without the count
     return got
 
 

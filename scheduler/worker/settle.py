@@ -55,6 +55,8 @@ class Plan:
 @dataclass
 class SettlerStats:
     batches: int = 0
+    reports_submitted: int = 0
+    """Status reports queued (the main loop's count; the rest are the settler's)."""
     reports_written: int = 0
     reports_coalesced: int = 0
     retries_stored: int = 0
@@ -109,6 +111,8 @@ class Settler:
             self._completer.start()
 
     def submit(self, plan: Plan) -> None:
+        if plan.report is not None:
+            self.stats.reports_submitted += 1
         self._plans.put(plan)
 
     def begin_stop(self, timeout_s: float) -> None:
