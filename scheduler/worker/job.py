@@ -11,7 +11,7 @@ from scheduler.ports import Delivery
 from scheduler.worker.app import Handler
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """A message on its way through the worker."""
 
