@@ -99,6 +99,10 @@ READY_TOPICS = ("high", "normal", "low", "long")
 """The ready topics' short names: one per priority, and `long` for task types declared
 long, which a separate worker pool consumes."""
 
+READY_PARTITIONS = 8
+"""Partitions of each ready topic (and, on Kafka, of the dead-letter topic) unless the
+deployment says otherwise: what a worker pool's members share out."""
+
 
 @dataclass(frozen=True)
 class KafkaSettings:

@@ -98,6 +98,11 @@ class EmbeddedRig:
         assert found is not None
         return found
 
+    def committed(self, name: str, pool: str = "default") -> int:
+        """Messages of ready topic `name` its pool's group committed past, over every partition."""
+        topic, group = KAFKA.ready_topic(name), KAFKA.worker_group(pool)
+        return sum(self.queue.position(group, topic, p) or 0 for p in range(self.queue.ready_partitions))
+
     def dead_letters(self) -> list[bytes]:
         return self.queue.read(KAFKA.dead_letter_topic)
 

@@ -7,16 +7,35 @@ committed positions per (group, topic, partition), and consumer groups.
     members   (group, member)            -> topics, expires_ms
     owners    (group, topic, partition)  -> member (NULL: free), generation
 
-Example: three values published to `scheduler.ready.high`, then one hand-off record
-for shard 5, then a dispatcher commits having handled it:
+Example: three values published to `scheduler.ready.high` by a new publisher, then one
+hand-off record for shard 5, then a dispatcher commits having handled it:
 
-    messages  ('scheduler.ready.high', 0, 0..2)  ('scheduler.handoff', 5, 0)
+    messages  ('scheduler.ready.high', 0..2, 0)  ('scheduler.handoff', 5, 0)
     positions ('dispatchers', 'scheduler.handoff', 5) -> 1
 
-It offers what the dispatcher needs: a `Publisher` of the ready topics, which puts every
-message in partition 0 (one ordered log per topic), and the hand-off log, whose
+It offers what the dispatcher needs: a `Publisher`, and the hand-off log, whose
 partition is the shard, with its `HandoffReader`. `read` returns a whole topic, for
 tests and the demo; `scanner` does the same as a `TopicScanner`.
+
+Partitions of the ready topics: each has `ready_partitions` (`READY_PARTITIONS`, 8, as
+`ensure_topics` makes them on Kafka), so that the members of a worker pool's group share a priority.
+Kafka's publisher sends keyless messages, and librdkafka's sticky partitioner fills one
+batch per partition before moving to the next, because a broker request costs per
+batch. Here a flush is one transaction whatever partitions it touches, so stickiness
+buys nothing; the publisher deals each topic's messages round-robin over its
+partitions instead, carrying on from where its previous flush stopped, so that every
+partition (and so every member) gets an even share even of a small burst. Messages
+are not keyed by task: the publisher sees encoded bytes, and nothing downstream needs
+the copies of one task in one partition (on Kafka they are not either). Order holds
+within a partition only, as on Kafka. Any other topic a publisher writes (the
+dead-letter topic: read whole, by no group) keeps partition 0, so its letters keep
+their names (`partition:offset`) and their order.
+
+Files written before ready topics had partitions need nothing done: their messages,
+positions and owners of partition 0 stay valid; partition 0 takes new messages like
+the others, and the group rule below deals every partition that has messages, so what
+was waiting in partition 0 is still consumed, from its committed position. A consumer
+of that older version deals the new partitions too (its rule never assumed one).
 
 Consumer groups (`consumer`, the workers' `Consumer`) emulate Kafka's across the
 processes sharing the file. A member is live while its `expires_ms` (its last heartbeat
@@ -79,7 +98,7 @@ from scheduler.ports import (
     TopicPartition,
     TopicScanner,
 )
-from scheduler.settings import KafkaSettings
+from scheduler.settings import READY_PARTITIONS, READY_TOPICS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +178,10 @@ _FREE = (
 _LEAVE_OWNERS = 'UPDATE owners SET member = NULL WHERE "group" = ? AND member = ?'
 _LEAVE = 'DELETE FROM members WHERE "group" = ? AND member = ?'
 
-READY_PARTITION = 0
-"""The partition of every message a publisher writes."""
+OTHER_PARTITION = 0
+"""The partition of every message a publisher writes to a topic that is not a ready topic."""
+
+_READY_SUFFIXES = tuple(f".ready.{name}" for name in READY_TOPICS)
 
 POLL_INTERVAL_S = 0.02
 """How often a waiting reader looks for records appended by another process (appends
@@ -179,10 +200,14 @@ class SqliteQueue:
         path: str | Path,
         *,
         handoff_topic: str = KafkaSettings().handoff_topic,
+        ready_partitions: int = READY_PARTITIONS,
         busy_timeout_s: float = 30.0,
     ) -> None:
+        if ready_partitions < 1:
+            raise ValueError(f"ready topics need at least one partition, got {ready_partitions}")
         self.path = str(path)
         self.handoff_topic = handoff_topic
+        self.ready_partitions = ready_partitions
         self._busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
         self._appended = threading.Condition()
@@ -195,6 +220,11 @@ class SqliteQueue:
 
     def publisher(self) -> Publisher:
         return SqlitePublisher(self)
+
+    def partitions_of(self, topic: str) -> int:
+        """How many partitions the publisher spreads `topic` over: `ready_partitions` for a
+        ready topic (a name ending `.ready.<priority>`, whatever the prefix), else 1."""
+        return self.ready_partitions if topic.endswith(_READY_SUFFIXES) else 1
 
     def handoff_log(self, shard_count: int) -> HandoffLog:
         return SqliteHandoffLog(self, shard_count)
@@ -302,21 +332,44 @@ class SqliteQueue:
 
 class SqlitePublisher:
     """The `Publisher` of the embedded queue: `publish` keeps values in memory, `flush`
-    writes them all in one transaction. A failed flush drops them: the caller publishes
-    again what it cannot prove stored. One thread at a time."""
+    writes them all in one transaction, a ready topic's values dealt round-robin over
+    its partitions (see the module docstring). A failed flush drops them: the caller
+    publishes again what it cannot prove stored. One thread at a time.
+
+    Example, 8 partitions: a flush of 3 values of `scheduler.ready.normal` puts them in
+    partitions 0, 1, 2; the next flush's 10 values go to 3..7, then 0..4; the next
+    flush starts at 5."""
 
     def __init__(self, queue: SqliteQueue) -> None:
         self._queue = queue
         self._buffer: dict[tuple[str, int | None], list[bytes]] = {}
+        self._turn: dict[str, int] = {}
+        """Per topic: the partition that its next value goes to."""
 
     def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
         self._buffer.setdefault((topic, timestamp_ms), []).extend(values)
 
     def flush(self, timeout_s: float) -> None:
         buffer, self._buffer = self._buffer, {}
-        if buffer:
-            self._queue.write([(topic, READY_PARTITION, values) for (topic, _), values in buffer.items()],
-                              timeout_s=timeout_s, stamps=[stamp for _, stamp in buffer])
+        if not buffer:
+            return
+        batches: list[tuple[str, int, Sequence[bytes]]] = []
+        stamps: list[int | None] = []
+        turns = dict(self._turn)
+        for (topic, stamp), values in buffer.items():
+            count = self._queue.partitions_of(topic)
+            if count == 1:
+                batches.append((topic, OTHER_PARTITION, values))
+                stamps.append(stamp)
+                continue
+            first = turns.get(topic, 0)
+            for n in range(min(count, len(values))):
+                partition = (first + n) % count
+                batches.append((topic, partition, values[n::count]))
+                stamps.append(stamp)
+            turns[topic] = (first + len(values)) % count
+        self._queue.write(batches, timeout_s=timeout_s, stamps=stamps)
+        self._turn = turns  # only once stored: a failed flush's values, published again, are dealt the same
 
     def close(self) -> None:
         self._buffer = {}

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type
 
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
 from scheduler.model import check_shard_count
-from scheduler.settings import READY_TOPICS, KafkaSettings
+from scheduler.settings import READY_PARTITIONS, READY_TOPICS, KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def wanted_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
     return topics
 
 
-def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions: int = 8) -> None:
+def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions: int = READY_PARTITIONS) -> None:
     """Create whichever of the scheduler's topics are missing; see the module docstring."""
     check_shard_count(shard_count)
     if ready_partitions < 1:
