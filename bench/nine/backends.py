@@ -226,14 +226,15 @@ class QueueReader:
         return len(self._ids)
 
     def _follow(self) -> None:
-        offsets = dict.fromkeys(self._topics, 0)
+        offsets = {(topic, partition): 0 for topic in self._topics
+                   for partition in range(self._queue.partitions_of(topic))}
         started = time.thread_time()
         while not self._stop.is_set():
             got = 0
-            for topic in self._topics:
-                rows = self._queue.read_from(topic, 0, offsets[topic], 10_000)
+            for (topic, partition), offset in offsets.items():
+                rows = self._queue.read_from(topic, partition, offset, 10_000)
                 if rows:
-                    offsets[topic] = rows[-1][0] + 1
+                    offsets[(topic, partition)] = rows[-1][0] + 1
                     self._ids.update(value[MESSAGE_ID_SLICE] for _, value in rows)
                     got += len(rows)
             if not got:

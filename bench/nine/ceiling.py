@@ -108,22 +108,26 @@ def kafka_consume_ceiling(bootstrap: str, topic: str, expected: int, rounds: int
 
 
 def sqlite_read_ceiling(queue_path: Path, topic: str, expected: int, batch: int, rounds: int = 3) -> dict[str, Any]:
-    """Messages/s of plain `sqlite3` reading the embedded queue's `topic` (one partition)
-    in offset order, `batch` rows a query (the worker's poll size): the embedded
-    counterpart of the consume ceiling."""
+    """Messages/s of plain `sqlite3` reading the embedded queue's `topic`, partition by
+    partition in offset order, `batch` rows a query (the worker's poll size): the
+    embedded counterpart of the consume ceiling."""
     rates: list[int] = []
     for _ in range(rounds):
         db = sqlite3.connect(str(queue_path))
         try:
+            partitions = [p for (p,) in db.execute(
+                'SELECT DISTINCT "partition" FROM messages WHERE topic = ? ORDER BY 1', (topic,))]
             started = time.monotonic()
-            count = offset = 0
-            while count < expected:
-                rows = db.execute('SELECT "offset", value FROM messages WHERE topic = ? AND "partition" = 0 '
-                                  'AND "offset" >= ? ORDER BY "offset" LIMIT ?', (topic, offset, batch)).fetchall()
-                if not rows:
-                    raise BenchFailure(f"the embedded queue holds {count:,} of {expected:,} messages of {topic}")
-                count += len(rows)
-                offset = rows[-1][0] + 1
+            count = 0
+            for partition in partitions:
+                offset = 0
+                while rows := db.execute('SELECT "offset", value FROM messages WHERE topic = ? AND "partition" = ? '
+                                         'AND "offset" >= ? ORDER BY "offset" LIMIT ?',
+                                         (topic, partition, offset, batch)).fetchall():
+                    count += len(rows)
+                    offset = rows[-1][0] + 1
+            if count < expected:
+                raise BenchFailure(f"the embedded queue holds {count:,} of {expected:,} messages of {topic}")
             rates.append(round(count / (time.monotonic() - started)))
         finally:
             db.close()
