@@ -26,9 +26,8 @@ workflow (so the workers are consuming) and `--idle-s` (5) seconds with nothing 
     p99, max); the submit rate.
 
 Every workflow must end `succeeded` (else exit 1); a phase ends once the workers' stats
-show every step done and every status durable. On the embedded backend a topic is one
-partition, so one worker runs every step of one priority and the others stand by
-(`steps_done.by_worker`); on Kafka the ready topics' partitions are spread over them.
+show every step done and every status durable. On both backends the ready topics'
+partitions are spread over the workers (`steps_done.by_worker`).
 
 Store writes per step member, two real counts per phase (members: width + 1 in (a), 3
 per chain in (b)):
