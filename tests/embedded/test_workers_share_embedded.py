@@ -10,9 +10,11 @@ counts of runs here)."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,16 @@ class Deployment:
     def __init__(self, db: Path) -> None:
         self.store = SqliteTaskStore(db)
         self.queue = SqliteQueue(db.with_name("queue.db"))
+
+    def wait_members(self, *names: str) -> None:
+        """Until the pool's group has exactly these members (each has polled), so that the
+        first messages are dealt to all of them at once rather than to whichever joined
+        first and then moved."""
+        def members() -> set[str]:
+            with closing(sqlite3.connect(self.queue.path)) as db:
+                return {name for (name,) in db.execute('SELECT member FROM members WHERE "group" = ?', (GROUP,))}
+
+        wait_until(lambda: members() == set(names), timeout_s=30, what=f"members {sorted(names)} in the group")
 
     def fire(self, payloads: list[dict[str, object]]) -> list[Task]:
         """Store one `sms` task of normal priority per payload, due now, and publish their
@@ -89,6 +101,7 @@ def test_two_worker_processes_share_a_priority_and_handle_every_task_once(
     _, workers = embedded
     a, b = workers.start("a"), workers.start("b")
     workers.wait_started(a, b)
+    deployment.wait_members("a", "b")
     tasks = deployment.fire([{"effect": f"e-{n}"} for n in range(400)])
     wait_done(deployment, tasks, timeout_s=60)
     wait_until(lambda: deployment.committed() == len(tasks), timeout_s=30, what="every message committed")
@@ -120,6 +133,7 @@ def test_when_a_worker_is_killed_the_other_takes_its_partitions_and_finishes_the
     _, workers = embedded
     a, b = workers.start("a", concurrency=2), workers.start("b", concurrency=2)
     workers.wait_started(a, b)
+    deployment.wait_members("a", "b")
     # Each worker runs 2 at a time, 50 ms each: ~40 tasks/s, so its share of 320 takes
     # ~4 s and b is killed early in it.
     tasks = deployment.fire([{"mode": "sleep", "s": 0.05, "effect": f"e-{n}"} for n in range(320)])
