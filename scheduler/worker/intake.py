@@ -99,6 +99,7 @@ class Intake:
         poll_batch: int,
         buffer_per_topic: int,
         max_outstanding: int,
+        buffer_bytes_per_topic: int = 32 << 20,
     ) -> None:
         self._app = app
         self._stats = stats
@@ -117,6 +118,9 @@ class Intake:
         self._suspect_window_s = suspect_window_s
         self._poll_batch = poll_batch
         self._buffer_per_topic = buffer_per_topic
+        self._buffer_bytes_per_topic = buffer_bytes_per_topic
+        self._message_bytes = 200.0
+        """A running mean of the size of the messages received, for the byte bound."""
         self._max_outstanding = max_outstanding
         self._short_names = {topic: name for name, topic in topics.items()}
         self._buffers: dict[str, deque[Job]] = {name: deque() for name in topics}
@@ -176,13 +180,17 @@ class Intake:
     def admit(self, deliveries: list[Delivery]) -> None:
         self._stats.received += len(deliveries)
         decoded: Decoded = []
+        size = 0
         for delivery in deliveries:
+            size += len(delivery.value)
             self._commits.received(delivery)
             try:
                 decoded.append((delivery, decode_message(delivery.value)))
             except InvalidMessage as exc:
                 self._stats.undecodable += 1
                 self._outcomes.dead(delivery, None, dead_letters.UNDECODABLE, str(exc))
+        if deliveries:
+            self._message_bytes += 0.5 * (size / len(deliveries) - self._message_bytes)
         marks = self._cancel_watch.marks
         shard_count = self._shard_count
         suspects: list[TaskId] = []
@@ -360,8 +368,10 @@ class Intake:
     def flow_control(self, consumer: Consumer) -> None:
         """Pause a topic whose buffer is full (resume at half), and every topic while
         too much is in hand: at the checker, or received and not yet settled (a store
-        outage must not turn into unbounded memory and handlers running ahead of it)."""
-        limit = self._buffer_per_topic
+        outage must not turn into unbounded memory and handlers running ahead of it).
+        Full is `buffer_per_topic` messages, or fewer when messages are large: about
+        `buffer_bytes_per_topic` at the mean size received (10 at least)."""
+        limit = min(self._buffer_per_topic, max(10, int(self._buffer_bytes_per_topic / self._message_bytes)))
         held = (self.checking >= 4 * self._poll_batch
                 or self._commits.outstanding() >= self._max_outstanding)
         for name, buffer in self._buffers.items():

@@ -110,6 +110,9 @@ class WorkerConfig:
     partitions are fetched again from the broker: what is left buffered must last that
     long. Half of 20,000 is half a second at 20,000 tasks a second; with 4,000 (and polls
     of 2,000) a worker with a backlog sat waiting on those fetches, at ~8,000 a second."""
+    buffer_bytes_per_topic: int = 32 << 20
+    """The same bound in bytes (at the mean message size received), so that large
+    payloads do not multiply the memory a full buffer holds."""
     max_outstanding: int = 50_000
     """Messages received and not yet settled above which every topic is paused."""
     weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
@@ -180,6 +183,7 @@ class Worker:
             stop=self._stop, clock_ms=clock_ms, shard_count=config.shard_count, check=config.check,
             suspect_window_s=config.suspect_window_s, poll_batch=config.poll_batch,
             buffer_per_topic=config.buffer_per_topic, max_outstanding=config.max_outstanding,
+            buffer_bytes_per_topic=config.buffer_bytes_per_topic,
         )
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started,

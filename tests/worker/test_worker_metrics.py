@@ -57,6 +57,24 @@ def test_outcomes_are_counted_by_priority_and_handler_type_and_unknown_types_as_
     assert got.value("scheduler_worker_store_errors_total") == 0
 
 
+def test_large_messages_fill_a_buffer_at_its_byte_bound_first(rig: EmbeddedRig) -> None:
+    worker = rig.start(concurrency=1, buffer_per_topic=10_000, buffer_bytes_per_topic=20_000, poll_batch=5,
+                       lag_interval_s=0.05)
+    blocker = rig.path / "go"
+    rig.fire([task("sms", {"mode": "wait_for", "path": str(blocker)})])
+    wait_for(lambda: worker.running() == 1, what="the blocking task to start")
+    # ~2 KB messages against 20,000 bytes: about 10 buffered, not 10,000.
+    items = rig.fire([task("sms", {"text": "x" * 2000}) for _ in range(60)])
+    try:
+        wait_for(lambda: worker.snapshot()["buffered"]["normal"] >= 10, what="the buffer to fill")
+        wait_for(lambda: worker.stats.consumer_lag is not None and sum(worker.stats.consumer_lag.values()) >= 25,
+                 what="the rest held back in the queue")
+        assert worker.snapshot()["buffered"]["normal"] <= 35
+    finally:
+        blocker.write_text("go")
+    wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items), what="all done", timeout_s=30)
+
+
 def test_consumer_lag_counts_what_the_worker_has_not_fetched(rig: EmbeddedRig) -> None:
     worker = rig.start(concurrency=1, lag_interval_s=0.05, buffer_per_topic=10, poll_batch=10)
     wait_for(lambda: worker.stats.consumer_lag is not None, what="a first lag reading")
