@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from scheduler.model import Task, TaskId, decode_message, encode_message
 from scheduler.visibility.tally import decode_tally, group_key, tally
 
-names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF, blacklist_categories=("Cs", "Cc", "Cf")),
+names = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF, blacklist_categories=("Cs", "Cc", "Cf", "Zs", "Zl", "Zp")),
                 min_size=1, max_size=100)
 
 
