@@ -9,7 +9,7 @@ stored in a fresh keyspace (or SQLite file) and their messages published straigh
 the `normal` ready topic, as a dispatcher would (`encode_message`, `KafkaPublisher`):
 all of it untimed. Then `--processes` (1) `scheduler worker --app bench.worker_app:app
 --concurrency C` processes start and work through them: poll, check each batch against
-the home rows (`get_many`), run the no-op `sms` handler, write `running` and `done`
+the home rows (`statuses`), run the no-op `sms` handler, write `running` and `done`
 statuses (the settler), commit. The bench follows the workers' stats files until they
 show every task done and every status report durable, stops the workers (SIGTERM),
 reads every handler start they recorded, and reads every task's home row back.

@@ -52,6 +52,7 @@ TASK_STORE_METHODS: dict[str, tuple[str, str | None]] = {
     "take_shard": ("write", None),
     "cancel": ("write", None),
     "get_many": ("read", "arg"),
+    "statuses": ("read", "arg"),
     "get": ("read", None),
     "read_partition": ("read", None),
     "count_partition": ("read", None),

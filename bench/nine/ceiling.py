@@ -137,21 +137,21 @@ def sqlite_read_ceiling(queue_path: Path, topic: str, expected: int, batch: int,
 
 
 def home_check_ceiling(store: TaskStore, task_ids: Sequence[TaskId], batch: int = 500) -> dict[str, Any]:
-    """Ids/s of `store.get_many` from one thread, `batch` ids a call (the worker's poll
-    size: it checks each polled batch against the home rows this way), on `task_ids`
-    (stored tasks no worker sees). Median of three rounds."""
+    """Ids/s of `store.statuses` from one thread, `batch` ids a call (the worker checks
+    each polled batch against the home rows this way), on `task_ids` (stored tasks no
+    worker sees). Median of three rounds."""
     rates: list[int] = []
     for _ in range(3):
         started = time.monotonic()
         found = 0
         for start in range(0, len(task_ids), batch):
-            found += len(store.get_many(task_ids[start:start + batch]))
+            found += len(store.statuses(task_ids[start:start + batch]))
         if found != len(task_ids):
-            raise BenchFailure(f"get_many found {found:,} of {len(task_ids):,} stored tasks")
+            raise BenchFailure(f"statuses found {found:,} of {len(task_ids):,} stored tasks")
         rates.append(round(len(task_ids) / (time.monotonic() - started)))
     ordered = sorted(rates)
     return {"ids": len(task_ids), "ids_per_s": ordered[len(ordered) // 2], "runs": rates,
-            "operations": len(task_ids) * len(rates), "how": f"store.get_many of {batch} ids a call, one thread"}
+            "operations": len(task_ids) * len(rates), "how": f"store.statuses of {batch} ids a call, one thread"}
 
 
 STATUS_ROUNDS = ((1, TaskStatus.RUNNING), (1, TaskStatus.DONE), (2, TaskStatus.DONE))

@@ -59,7 +59,7 @@ from collections.abc import Callable, Mapping
 from scheduler import cancels
 from scheduler.errors import InvalidMessage
 from scheduler.model import Message, Task, TaskId, decode_message
-from scheduler.ports import CancelMarks, Consumer, Delivery, StoredTask, TaskStatus, TaskStore, TopicPartition
+from scheduler.ports import CancelMarks, Consumer, Delivery, HomeStatus, TaskStatus, TaskStore, TopicPartition
 from scheduler.worker import dead_letters
 from scheduler.worker.app import App
 from scheduler.worker.cancel_watch import CancelWatch
@@ -133,7 +133,7 @@ class Intake:
         self._active: dict[tuple[TaskId, int], Job] = {}
         """Jobs buffered or running, by (task, attempt)."""
         self._checker = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="checker")
-        self._checked: queue.SimpleQueue[tuple[Decoded, dict[TaskId, StoredTask] | None,
+        self._checked: queue.SimpleQueue[tuple[Decoded, dict[TaskId, HomeStatus] | None,
                                                dict[TopicPartition, int], CancelMarks]] = queue.SimpleQueue()
         self.checking = 0
         """Messages at the checker."""
@@ -222,7 +222,7 @@ class Intake:
         """On the checker thread; whatever happens, the batch goes back to the main loop.
         A `required` check (a cancel may concern the batch) is tried until it succeeds or
         the worker stops; another runs unchecked if it fails."""
-        homes: dict[TaskId, StoredTask] | None = None
+        homes: dict[TaskId, HomeStatus] | None = None
         delay = 0.1
         try:
             homes = self._homes(suspects)
@@ -246,7 +246,7 @@ class Intake:
                     if self._revoked_count.get((d.topic, d.partition), 0) == revocations[(d.topic, d.partition)]]
             self._place(kept, homes, marks)
 
-    def _place(self, decoded: Decoded, homes: dict[TaskId, StoredTask] | None, marks: CancelMarks) -> None:
+    def _place(self, decoded: Decoded, homes: dict[TaskId, HomeStatus] | None, marks: CancelMarks) -> None:
         """Skip what the home rows say must not run; buffer the rest by topic, each with
         its shard's cancel count as `marks` had it."""
         shard_count = self._shard_count
@@ -291,17 +291,17 @@ class Intake:
             or self._fences.is_stale(message)
         )
 
-    def _homes(self, ids: list[TaskId]) -> dict[TaskId, StoredTask] | None:
+    def _homes(self, ids: list[TaskId]) -> dict[TaskId, HomeStatus] | None:
         if not ids:
             return {}
         try:
-            return self._store.get_many(ids)
+            return self._store.statuses(ids)
         except Exception as exc:  # any failure: run unchecked rather than stall
             self._stats.check_failures += 1
             log.warning("home-row check of %d tasks failed; running them unchecked: %s", len(ids), exc)
             return None
 
-    def _skip(self, task: Task, home: StoredTask | None) -> bool:
+    def _skip(self, task: Task, home: HomeStatus | None) -> bool:
         """Whether the home row says this attempt must not run (see the module docstring)."""
         if home is None:
             return False

@@ -15,7 +15,7 @@ import pytest
 from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
 from scheduler.errors import InvalidTask
 from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload
-from scheduler.ports import BadRow, CancelOutcome, StatusReport, TaskStatus, TaskStore
+from scheduler.ports import BadRow, CancelOutcome, HomeStatus, StatusReport, StoredTask, TaskStatus, TaskStore
 from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
@@ -303,7 +303,11 @@ def test_the_store_records_when_it_was_created(store: TaskStore) -> None:
     assert 0 <= time.time_ns() // 1_000_000 - created < 3_600_000
 
 
-# get_many: the worker's check of a polled batch.
+# get_many and statuses: the worker's check of a polled batch.
+
+
+def as_statuses(found: dict[TaskId, StoredTask]) -> dict[TaskId, HomeStatus]:
+    return {task_id: HomeStatus(stored.status, stored.status_attempt) for task_id, stored in found.items()}
 
 
 def test_get_many_returns_exactly_the_existing_home_rows_with_their_statuses(store: TaskStore) -> None:
@@ -322,6 +326,7 @@ def test_get_many_returns_exactly_the_existing_home_rows_with_their_statuses(sto
 
     wanted = [task.id for task in here + elsewhere] + [t.id for t in missing_here] + missing_elsewhere + [ghost.id]
     found = store.get_many(wanted + [here[2].id, elsewhere[3].id])  # repeats are harmless
+    statuses = store.statuses(wanted + [here[2].id, elsewhere[3].id])
 
     assert set(found) == {task.id for task in here + elsewhere}
     for task in here + elsewhere:
@@ -333,6 +338,8 @@ def test_get_many_returns_exactly_the_existing_home_rows_with_their_statuses(sto
     assert found[here[3].id].status is TaskStatus.SCHEDULED and found[here[3].id].error is None
     assert store.get_many([]) == {}
     assert store.get_many([t.id for t in missing_here]) == {}
+    assert statuses == as_statuses(found)  # the same verdicts, read without the rest of the row
+    assert store.statuses([]) == {} and store.statuses([t.id for t in missing_here]) == {}
 
 
 def test_get_many_reads_the_home_row_never_a_retry_copy(store: TaskStore) -> None:
@@ -350,6 +357,7 @@ def test_get_many_reads_the_home_row_never_a_retry_copy(store: TaskStore) -> Non
 
     found = store.get_many([home.id, orphan.id])
 
+    assert store.statuses([home.id, orphan.id]) == {home.id: HomeStatus(TaskStatus.FAILED, 1)}
     assert set(found) == {home.id}
     assert found[home.id].task == home
     assert (found[home.id].status, found[home.id].error) == (TaskStatus.FAILED, "timeout")
@@ -364,6 +372,7 @@ def test_get_many_reads_big_batches_over_many_partitions(store: TaskStore) -> No
     missing = [TaskId.new(task.run_at_ms) for task in spread[::5]]
 
     found = store.get_many([task.id for task in crowded + spread] + missing)
+    assert store.statuses([task.id for task in crowded + spread] + missing) == as_statuses(found)
 
     assert {task_id: stored.task for task_id, stored in found.items()} == {task.id: task for task in crowded + spread}
     assert {task_id for task_id, stored in found.items() if stored.status is TaskStatus.RUNNING} == {

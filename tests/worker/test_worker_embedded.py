@@ -407,7 +407,7 @@ def test_an_unexpected_error_of_the_home_row_check_runs_the_batch_unchecked(rig:
     def broken(ids: Any) -> Any:
         raise KeyError("a status this version does not know")
 
-    rig.store.get_many = broken  # type: ignore[method-assign,assignment]
+    rig.store.statuses = broken  # type: ignore[method-assign,assignment]
     items = rig.fire([task("sms") for _ in range(5)])
     worker = rig.start(check="always")
     wait_for(lambda: all(rig.home(i).status is TaskStatus.DONE for i in items))

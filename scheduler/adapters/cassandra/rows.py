@@ -35,7 +35,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, BoundStateme
 
 from scheduler.errors import StoreError
 from scheduler.model import Partition, Priority, Task, TaskId, to_ms
-from scheduler.ports import BadRow, StoredTask, TaskStatus
+from scheduler.ports import BadRow, HomeStatus, StoredTask, TaskStatus
 
 INSERT_COLUMNS = (
     ("minute_bucket", "timestamp"),
@@ -213,6 +213,11 @@ def bad_row(partition: Partition, row: Sequence[Any], error: Exception) -> BadRo
 
 _STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
 _STATUSES.update({None: TaskStatus.SCHEDULED, "": TaskStatus.SCHEDULED})
+
+
+def home_status(row: Sequence[Any]) -> HomeStatus:
+    """A `read_statuses` row: (id, attempt, status, status_attempt)."""
+    return HomeStatus(_STATUSES[row[2]], row[3] or 0)
 
 
 def home_row(task_id: TaskId, row: Sequence[Any]) -> StoredTask:

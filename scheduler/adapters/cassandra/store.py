@@ -32,8 +32,9 @@ has none, which reads as cost 1.
 
 How it reads many tasks
 -----------------------
-`get_many` groups the ids by partition and sends one query per partition (and per
-`GET_MANY_CHUNK` ids), selecting the home rows by their whole clustering key,
+`get_many` (and `statuses`, which reads only the status columns) groups the ids by
+partition and sends one query per partition (and per `GET_MANY_CHUNK` ids), selecting
+the home rows by their whole clustering key,
 `(run_at, task_id) IN ?`, with the id list serialised by `rows.clustering_keys`. The
 queries go out like inserts: asynchronously, token-aware, with at most
 `max_reads_in_flight` outstanding (a bound of their own, higher than the writes': a
@@ -82,6 +83,7 @@ from scheduler.ports import (
     BadRow,
     CancelMarks,
     CancelOutcome,
+    HomeStatus,
     InsertFailure,
     ShardState,
     StatusReport,
@@ -357,11 +359,33 @@ class CassandraTaskStore:
         return {} if row is None or not row[0] else {int(attempt): str(text) for attempt, text in row[0].items()}
 
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
+        wanted = {task_id.bytes: task_id for task_id in task_ids}
+        found: dict[TaskId, StoredTask] = {}
+        for answer in self._home_rows("read_tasks", wanted.values()):
+            for row in answer:
+                if row[1] is not None:  # a row holding only a status is not a task
+                    task_id = wanted[row[0]]
+                    found[task_id] = rows.home_row(task_id, row)
+        return found
+
+    def statuses(self, task_ids: Sequence[TaskId]) -> dict[TaskId, HomeStatus]:
+        wanted = {task_id.bytes: task_id for task_id in task_ids}
+        found: dict[TaskId, HomeStatus] = {}
+        for answer in self._home_rows("read_statuses", wanted.values()):
+            for row in answer:
+                if row[1] is not None:  # a row holding only a status is not a task
+                    found[wanted[row[0]]] = rows.home_status(row)
+        return found
+
+    def _home_rows(self, query_name: str, task_ids: Iterable[TaskId]) -> list[Any]:
+        """The answers of `query_name` (a query by whole clustering keys, as `read_tasks`)
+        for the home rows of `task_ids`, without repeats: one query per partition (and
+        per `GET_MANY_CHUNK` ids), run concurrently."""
         groups: dict[tuple[int, int], list[TaskId]] = defaultdict(list)
         shard_count = self._shard_count
-        for task_id in dict.fromkeys(task_ids):  # without repeats, in order
+        for task_id in task_ids:
             groups[(minute_bucket(task_id.run_at_ms), task_id.shard(shard_count))].append(task_id)
-        query = self._q["read_tasks"]
+        query = self._q[query_name]
 
         def requests() -> Iterator[tuple[Statement, Partition]]:
             for (bucket, shard), ids in groups.items():
@@ -372,7 +396,6 @@ class CassandraTaskStore:
                     statement.values = [key[0], key[1], rows.clustering_keys(ids[start:start + GET_MANY_CHUNK])]
                     yield statement, Partition(bucket, shard)
 
-        wanted = {task_id.bytes: task_id for task_id in task_ids}
         answers: list[Any] = []
         failures = self._send_all(requests(), self._read_slots, answers.append)
         if failures:
@@ -384,13 +407,7 @@ class CassandraTaskStore:
             if isinstance(exc, NoHostAvailable):
                 raise StoreUnavailable(message) from exc
             raise StoreError(message) from exc
-        found: dict[TaskId, StoredTask] = {}
-        for answer in answers:
-            for row in answer:
-                if row[1] is not None:  # a row holding only a status is not a task
-                    task_id = wanted[row[0]]
-                    found[task_id] = rows.home_row(task_id, row)
-        return found
+        return answers
 
     def _key(self, task_id: TaskId) -> tuple[object, ...]:
         """The bound primary key of the task's home row."""

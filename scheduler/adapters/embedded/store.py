@@ -48,6 +48,7 @@ from scheduler.ports import (
     BadRow,
     CancelMarks,
     CancelOutcome,
+    HomeStatus,
     InsertFailure,
     ShardState,
     StatusReport,
@@ -323,6 +324,23 @@ class SqliteTaskStore:
             for row in rows:
                 task_id = wanted[row[1]]
                 found[task_id] = _home_row(task_id, row)
+        return found
+
+    def statuses(self, task_ids: Sequence[TaskId]) -> dict[TaskId, HomeStatus]:
+        wanted = {task_id.bytes: task_id for task_id in task_ids}
+        unique = list(wanted.values())
+        found: dict[TaskId, HomeStatus] = {}
+        for start in range(0, len(unique), GET_MANY_CHUNK):
+            chunk = unique[start:start + GET_MANY_CHUNK]
+            keys = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
+            rows = self._read(
+                f"WITH wanted (b, s, r, i) AS (VALUES {keys}) "
+                "SELECT task_id, status, status_attempt FROM wanted CROSS JOIN tasks "
+                "ON minute_bucket = b AND shard = s AND run_at = r AND task_id = i",
+                [value for task_id in chunk for value in self._locate(task_id)],
+            )
+            for id_bytes, status, status_attempt in rows:
+                found[wanted[id_bytes]] = HomeStatus(_STATUSES[status], status_attempt or 0)
         return found
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
