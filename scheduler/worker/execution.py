@@ -56,12 +56,17 @@ from scheduler.workflows.engine import Workflows
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
 RUNNING_REPORT_AFTER_S = 1.0
-"""How long an attempt runs before its `running` status is written. Most attempts end
-sooner and write only how they ended: one status write instead of two, which is where
-most of the store's work per task went. `get` shows such an attempt as not yet started
-until then; nothing else reads `running` (the counts of `scheduler status` are kept by
-the worker, and the store orders reports by attempt and phase whether or not `running`
-was written). 0 writes it at every start."""
+"""How long a first attempt runs before its `running` status is written. Most attempts
+end sooner and write only how they ended: one status write instead of two, which is
+where most of the store's work per task went. `get` shows such an attempt as not yet
+started until then (the counts of `scheduler status` are the worker's own, and the
+store orders reports by attempt and phase whether or not `running` was written).
+
+A later attempt reports `running` as it starts, as before: its home row knows of it
+only through its reports (the retry is another row), and a cancel is written at the
+newest attempt the home row knows of. Without the report, a cancel during the attempt
+would be written at the attempt before, and the attempt's own `failed` would outrank
+it and let the next attempt run. 0 writes `running` at every start."""
 
 CHUNK_BELOW_S = 0.001
 """Plain handlers of a type whose recent runs averaged less than this are started in
@@ -151,7 +156,7 @@ class Execution:
             self.running[job] = None
             if self._on_started is not None:
                 self._on_started(job)
-            if self._running_report_after_s <= 0:
+            if self._running_report_after_s <= 0 or task.attempt > 1:
                 self._settle(Plan(None, report=running_report(task)))
             else:
                 self._unreported.append(job)

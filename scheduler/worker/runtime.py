@@ -113,8 +113,10 @@ class WorkerConfig:
     buffer_bytes_per_topic: int = 32 << 20
     """The same bound in bytes (at the mean message size received), so that large
     payloads do not multiply the memory a full buffer holds."""
-    max_outstanding: int = 50_000
-    """Messages received and not yet settled above which every topic is paused."""
+    max_outstanding: int = 120_000
+    """Messages received and not yet settled above which every topic is paused: above
+    what four full buffers and the checker's share hold (4 x 20,000 + 4 x 5,000), so
+    that it pauses only when settling falls behind (a store outage), not in a backlog."""
     weights: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     commit_interval_s: float = 0.5
     fence_refresh_s: float = 5.0
@@ -128,7 +130,7 @@ class WorkerConfig:
     lag_interval_s: float = 2.0
     """How often the main loop asks the consumer for its lag (`WorkerStats.consumer_lag`)."""
     running_report_after_s: float = RUNNING_REPORT_AFTER_S
-    """How long an attempt runs before `running` is written (`execution.RUNNING_REPORT_AFTER_S`)."""
+    """How long a first attempt runs before `running` is written (`execution.RUNNING_REPORT_AFTER_S`)."""
 
 
 class Worker:

@@ -268,6 +268,40 @@ def test_an_attempt_still_running_past_the_report_delay_shows_running(rig: Embed
     wait_for(lambda: rig.home(item).status is TaskStatus.DONE, what="done")
 
 
+def test_a_cancel_while_a_retry_runs_holds_against_that_retrys_failure(rig: EmbeddedRig) -> None:
+    """A retry's home row knows of the retry only through its reports, and a cancel is
+    written at the newest attempt the row knows of: so a retry reports `running` as it
+    starts, and a cancel in its first second outranks its `failed`; the attempt after
+    it never runs."""
+    release = threading.Event()
+    started: list[int] = []
+    app = App("retries")
+
+    @app.handler("flaky")
+    def flaky(ctx: Context, payload: dict[str, Any]) -> None:
+        started.append(ctx.task.attempt)
+        release.wait(30)
+        raise RetryableError("provider busy", delay_s=0.1)
+
+    item = task("flaky")
+    assert not rig.store.insert([item])  # attempt 1 ran and failed before this worker
+    rig.store.record_status([StatusReport(item.id, 1, TaskStatus.FAILED, error="provider busy")])
+    worker = rig.start(app, running_report_after_s=60.0)
+    rig.fire([replace(item, attempt=2, run_at_ms=item.run_at_ms + 10)])
+    wait_for(lambda: started == [2], what="attempt 2 to start")
+    try:
+        wait_for(lambda: rig.home(item).status is TaskStatus.RUNNING, what="attempt 2 reported running at once")
+        assert rig.store.cancel(item.id, item.tenant) is CancelOutcome.CANCELLED
+    finally:
+        release.set()
+    wait_for(lambda: any(t.attempt == 3 for t in handed_tasks(rig)), what="attempt 3 stored and handed off")
+    (third,) = [t for t in handed_tasks(rig) if t.attempt == 3]
+    rig.fire([third], store=False)
+    wait_for(lambda: worker.stats.skipped_cancelled == 1, what="attempt 3 skipped as cancelled")
+    assert started == [2]
+    assert rig.home(item).status is TaskStatus.CANCELLED
+
+
 def test_async_handlers_run_and_their_effects_are_recorded_once(rig: EmbeddedRig) -> None:
     items = rig.fire([task("reminder", {"s": 0.05, "effect": f"r-{n}"}) for n in range(20)])
     rig.start(concurrency=20)
@@ -421,9 +455,7 @@ def test_a_copy_that_finds_the_effect_claimed_is_deferred_as_the_same_attempt(ri
     worker = rig.start()
     wait_for(lambda: worker.stats.deferred == 1 and handed_tasks(rig), what="the deferral")
     assert [(c.id, c.attempt) for c in handed_tasks(rig)] == [(item.id, 3)]
-    # Not failed, not dead: the last attempt is not spent (and it ended too soon to be
-    # reported running).
-    assert rig.home(item).status is TaskStatus.SCHEDULED
+    assert rig.home(item).status is TaskStatus.RUNNING  # not failed, not dead: the last attempt is not spent
     assert worker.stats.dead == 0 and not letters(rig)
 
 
