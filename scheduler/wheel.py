@@ -35,15 +35,26 @@ Worked example, `tick_ms=100`, `slots=2048` (a ring of 204.8 s), the cursor at
 - an entry due 09:03:30.000 lies 2100 slots ahead, beyond the ring's 2048: it waits in
   the overflow and moves into the ring once the cursor reaches 09:00:05.299.
 
-Memory: no Python object per waiting entry. Each slot (and the overdue list) packs its
-entries into a `bytearray`, a 13-byte header (`run_at_ms`, `tag`, item length) then the
-item's bytes, unpacked only when the slot fires or is inspected. A `bytearray` keeps up
-to 1/8 of its size spare for growth, so once it holds `_CHUNK_BYTES` its contents are
-frozen into an exact-size `bytes` chunk and it starts again empty: the spare room stays
-under 512 bytes per slot whatever the slot holds. An entry costs its item plus 13 bytes
-of header and a share of its slot's: about 100 bytes for a slot, 230 once it has frozen
-a chunk, plus 41 a chunk. With 100 entries of 100 bytes a slot, that comes to 16 to 18
-bytes an entry. `nbytes` tells the total.
+Memory: no Python object per waiting entry. A slot's entries are packed into `bytes`
+chunks, each entry a 5-byte header (tag, item length, `run_at_ms` less the slot's first
+millisecond) then the item's bytes, unpacked only when the slot fires or is inspected;
+overdue entries carry a 13-byte header with the whole `run_at_ms`. Adds are packed into
+the wheel's one open buffer (`_OPEN_BYTES`, allocated with the wheel) for as long as
+they go to the same slot, which is how a bucket read arrives, in `run_at` order; an add
+to another slot, or a full buffer, seals what it holds into the slot as an exact-size
+chunk, joined to the slot's last chunk while that is under `_CHUNK_BYTES`. So no slot
+keeps spare capacity, a slot costs one chunk's fixed part (about 50 bytes with the
+allocator's) per 4 KiB or less it holds, and a non-empty slot is marked in a byte of a
+flags array (found with `bytearray.find`, in C) instead of a heap of slot numbers.
+With 8 entries of 150 bytes a slot (a 60 s spread at 5,000 tasks a second over 64
+shards), that is under 8 bytes an entry besides the header; with 47 a slot, about 1.
+Entries added one by one to slots in random order cost a copy of up to 4 KiB each (the
+join), not more memory. `nbytes` tells the total.
+
+The long-lived parts are thus allocated when the wheel is made (the ring, the flags,
+the open buffer) or are the chunks themselves, which are large: a load leaves few small
+objects behind among the transient ones it freed, which would pin the allocator's
+arenas (see `scheduler.dispatcher.memory`).
 
 Locking: not thread-safe. The caller serialises every call (the dispatcher's loop owns
 its wheel). Returned items are new `bytes` objects; the wheel keeps no reference to them.
@@ -59,21 +70,39 @@ from operator import itemgetter
 
 from scheduler.errors import ConfigError
 
-_HEADER = struct.Struct("<qBI")
-"""A packed entry's header: run_at_ms, tag, length of the item that follows."""
+_LONG_HEADER = struct.Struct("<qBI")
+"""An overdue entry's header: run_at_ms, tag, length of the item that follows."""
 
-_HEADER_SIZE = _HEADER.size
-_pack_header = _HEADER.pack
-_unpack_header = _HEADER.unpack_from
+_SLOT_HEADER = struct.Struct("<BHH")
+"""A slot's entry's header: tag, length of the item (`_LONG_ITEM`: a 4-byte length
+follows), run_at_ms less the slot's first millisecond."""
+
+_LONG_HEADER_SIZE = _LONG_HEADER.size
+_SLOT_HEADER_SIZE = _SLOT_HEADER.size
+_pack_long = _LONG_HEADER.pack
+_unpack_long = _LONG_HEADER.unpack_from
+_pack_slot = _SLOT_HEADER.pack
+_unpack_slot = _SLOT_HEADER.unpack_from
+_LONG_ITEM = 0xFFFF
+_MAX_OFFSET = 0xFFFF
 _by_run_at = itemgetter(0)
 
+_OPEN_BYTES = 8 * 1024
+"""Capacity of the wheel's one open buffer, where consecutive adds to one slot are packed."""
+
 _CHUNK_BYTES = 4 * 1024
-"""A slot's packed entries are frozen into a chunk of `bytes` once they reach this size."""
+"""A sealed run of entries is joined to its slot's last chunk while that is smaller."""
+
+_OVERDUE = -(1 << 70)
+"""The open buffer's key while it holds overdue entries (no slot number is this low)."""
 
 _BYTES_OVERHEAD = sys.getsizeof(b"")
 
 Entry = tuple[int, int, bytes]
 """What the wheel returns: `(run_at_ms, tag, item)`."""
+
+Chunks = bytes | list[bytes]
+"""A slot's sealed entries: one chunk, or several (all but the last at least `_CHUNK_BYTES`)."""
 
 
 class TimingWheel:
@@ -89,21 +118,25 @@ class TimingWheel:
             raise ConfigError(f"slots must be a positive integer, got {slots!r}")
         self._tick_ms = tick_ms
         self._slots = slots
+        self._short = tick_ms <= _MAX_OFFSET + 1
+        """Slot entries carry their offset in the slot in 2 bytes; with a longer tick they
+        carry the long header, as overdue ones do."""
         self._fired_through_ms = start_ms - 1
         self._cursor = start_ms // tick_ms
         """The first slot number not fired yet; the ring holds `_cursor` up to `_ring_end - 1`."""
         self._ring_end = self._cursor + slots
-        self._ring: list[bytearray | None] = [None] * slots
-        self._ring_due: list[int] = []
-        """Slot numbers of the ring's non-empty slots (a heap), so no poll visits an empty slot."""
-        self._overflow: dict[int, bytearray] = {}
+        self._ring: list[Chunks | None] = [None] * slots
+        self._ring_used = bytearray(slots)
+        """1 at the ring index of each non-empty slot, so no poll visits an empty slot."""
+        self._overflow: dict[int, Chunks] = {}
         self._overflow_due: list[int] = []
         """The overflow's slot numbers (a heap)."""
-        self._frozen: dict[int, list[bytes]] = {}
-        """Chunks frozen from a slot's buffer, oldest first, by slot number (ring or overflow)."""
-        self._frozen_nbytes = 0
-        self._overdue = bytearray()
-        self._overdue_frozen: list[bytes] = []
+        self._overdue: Chunks | None = None
+        self._open = bytearray(_OPEN_BYTES)
+        self._open_view = memoryview(self._open)
+        self._open_used = 0
+        self._open_key: int | None = None
+        """The slot number (or `_OVERDUE`) whose latest entries the open buffer holds."""
         self._count = 0
 
     @property
@@ -125,46 +158,48 @@ class TimingWheel:
         return self._count
 
     def add(self, run_at_ms: int, tag: int, item: bytes) -> None:
-        """Hold `item` until `run_at_ms`. O(1); `ValueError` for a tag outside 0 to 255.
+        """Hold `item` until `run_at_ms`. O(1) (a join of up to `_CHUNK_BYTES` when adds
+        alternate between slots); `ValueError` for a tag outside 0 to 255.
 
         The wheel does not de-duplicate: the same item added twice fires twice (see
         `items_in_slot`).
         """
+        length = len(item)
         try:
-            header = _pack_header(run_at_ms, tag, len(item))
+            if run_at_ms <= self._fired_through_ms:
+                key = _OVERDUE
+                header = _pack_long(run_at_ms, tag, length)
+            else:
+                key = run_at_ms // self._tick_ms
+                if not self._short:
+                    header = _pack_long(run_at_ms, tag, length)
+                elif length < _LONG_ITEM:
+                    header = _pack_slot(tag, length, run_at_ms - key * self._tick_ms)
+                else:
+                    header = _pack_slot(tag, _LONG_ITEM, run_at_ms - key * self._tick_ms) + length.to_bytes(4, "little")
         except struct.error:
             raise ValueError(f"a wheel entry's tag is an integer from 0 to 255, got {tag!r}") from None
         self._count += 1
-        if run_at_ms <= self._fired_through_ms:
-            buffer = self._overdue
-            buffer += header
-            buffer += item
-            if len(buffer) >= _CHUNK_BYTES:
-                self._overdue_frozen.append(self._freeze(buffer))
-            return
-        slot = run_at_ms // self._tick_ms
-        if slot < self._ring_end:
-            index = slot % self._slots
-            ring_buffer = self._ring[index]
-            if ring_buffer is None:
-                ring_buffer = self._ring[index] = bytearray()
-                heappush(self._ring_due, slot)
-            buffer = ring_buffer
-        else:
-            overflow_buffer = self._overflow.get(slot)
-            if overflow_buffer is None:
-                overflow_buffer = self._overflow[slot] = bytearray()
-                heappush(self._overflow_due, slot)
-            buffer = overflow_buffer
-        buffer += header
-        buffer += item
-        if len(buffer) >= _CHUNK_BYTES:
-            chunk = self._freeze(buffer)
-            chunks = self._frozen.get(slot)
-            if chunks is None:
-                self._frozen[slot] = [chunk]
-            else:
-                chunks.append(chunk)
+        if key != self._open_key:
+            if self._open_used:
+                self._seal()
+            self._open_key = key
+            if key != _OVERDUE:
+                self._mark(key)
+        used = self._open_used
+        size = len(header) + length
+        if used + size > _OPEN_BYTES:
+            if used:
+                self._seal()
+                used = 0
+            if size > _OPEN_BYTES:
+                self._put(key, header + item)
+                return
+        end = used + len(header)
+        view = self._open_view
+        view[used:end] = header
+        view[end:end + length] = item
+        self._open_used = end + length
 
     def poll(self, now_ms: int) -> list[Entry]:
         """Fire and return every overdue entry, then every entry of every slot whose whole
@@ -173,36 +208,38 @@ class TimingWheel:
         `now_ms` before the cursor fires the overdue entries only.
 
         Cost: the entries fired, plus the non-empty slots fired or moved from the
-        overflow into the ring; never the entries still waiting, nor the empty slots.
+        overflow into the ring, plus a scan of the ring's flags (in C); never the entries
+        still waiting.
         """
         fired: list[Entry] = []
-        if self._overdue_frozen or self._overdue:
-            self._unpack(self._overdue_frozen, self._overdue, fired)
-            self._overdue_frozen = []
-            self._overdue = bytearray()
+        if self._overdue is not None or self._open_key == _OVERDUE:
+            self._take(_OVERDUE, self._overdue, fired)
+            self._overdue = None
         last = (now_ms + 1) // self._tick_ms - 1
         if last >= self._cursor:
             ring = self._ring
+            used = self._ring_used
             slots = self._slots
-            frozen = self._frozen
-            ring_due = self._ring_due
-            while ring_due and ring_due[0] <= last:
-                slot = heappop(ring_due)
+            slot = self._next_in_ring(self._cursor)
+            while slot is not None and slot <= last:
                 index = slot % slots
-                self._unpack(frozen.pop(slot, None), ring[index], fired)
+                self._take(slot, ring[index], fired)
                 ring[index] = None
+                used[index] = 0
+                slot = self._next_in_ring(slot + 1)
             overflow = self._overflow
             overflow_due = self._overflow_due
             while overflow_due and overflow_due[0] <= last:
                 slot = heappop(overflow_due)
-                self._unpack(frozen.pop(slot, None), overflow.pop(slot), fired)
+                self._take(slot, overflow.pop(slot), fired)
             self._cursor = last + 1
             self._fired_through_ms = self._cursor * self._tick_ms - 1
             self._ring_end = self._cursor + slots
             while overflow_due and overflow_due[0] < self._ring_end:
                 slot = heappop(overflow_due)
-                ring[slot % slots] = overflow.pop(slot)
-                heappush(ring_due, slot)
+                index = slot % slots
+                ring[index] = overflow.pop(slot)
+                used[index] = 1
         self._count -= len(fired)
         # Overdue entries are all due before any slot's, and slots fire in order, so one
         # stable sort orders the whole batch; it is linear on runs already in order.
@@ -211,15 +248,15 @@ class TimingWheel:
 
     def next_due_ms(self) -> int | None:
         """The earliest `now_ms` at which `poll` would return something: `fired_through_ms`
-        when entries are overdue, None when the wheel is empty. O(1)."""
-        if self._overdue or self._overdue_frozen:
+        when entries are overdue, None when the wheel is empty. A scan of the ring's flags
+        (in C), O(1) in Python."""
+        if self._overdue is not None or self._open_key == _OVERDUE:
             return self._fired_through_ms
-        if self._ring_due:
-            slot = self._ring_due[0]
-        elif self._overflow_due:
+        slot = self._next_in_ring(self._cursor)
+        if slot is None:
+            if not self._overflow_due:
+                return None
             slot = self._overflow_due[0]
-        else:
-            return None
         return (slot + 1) * self._tick_ms - 1
 
     def items_in_slot(self, run_at_ms: int) -> Iterator[Entry]:
@@ -227,41 +264,35 @@ class TimingWheel:
         `run_at_ms`: those of its slot, or the overdue ones if `run_at_ms` is already due.
         In the order they were added; O(entries of that slot). Reads a copy taken at the
         call, so the wheel may change while the result is iterated."""
+        out: list[Entry] = []
         if run_at_ms <= self._fired_through_ms:
-            chunks: list[bytes] = self._overdue_frozen
-            buffer: bytearray | None = self._overdue
+            self._read(_OVERDUE, self._overdue, out)
         else:
             slot = run_at_ms // self._tick_ms
-            chunks = self._frozen.get(slot, [])
-            if slot < self._ring_end:
-                buffer = self._ring[slot % self._slots]
-            else:
-                buffer = self._overflow.get(slot)
-        return _iter_entries(b"".join([*chunks, buffer or b""]))
+            self._read(slot, self._get(slot), out)
+        return iter(out)
 
     def clear(self) -> None:
         """Drop every waiting entry. `fired_through_ms` stays where it is."""
         self._ring = [None] * self._slots
-        self._ring_due = []
+        self._ring_used = bytearray(self._slots)
         self._overflow = {}
         self._overflow_due = []
-        self._frozen = {}
-        self._frozen_nbytes = 0
-        self._overdue = bytearray()
-        self._overdue_frozen = []
+        self._overdue = None
+        self._open_used = 0
+        self._open_key = None
         self._count = 0
 
     @property
     def nbytes(self) -> int:
         """Approximate bytes of memory held by the wheel's structures and packed entries
-        (allocated size, growth slack included). O(non-empty slots)."""
-        total = sys.getsizeof(self._ring) + sum(buffer.__sizeof__() for buffer in self._ring if buffer is not None)
-        total += sys.getsizeof(self._overflow) + sum(buffer.__sizeof__() for buffer in self._overflow.values())
-        for heap in (self._ring_due, self._overflow_due):
-            total += sys.getsizeof(heap) + sum(sys.getsizeof(slot) for slot in heap)
-        total += self._frozen_nbytes + sys.getsizeof(self._frozen)
-        total += sum(sys.getsizeof(chunks) for chunks in self._frozen.values())
-        total += sys.getsizeof(self._overdue) + sys.getsizeof(self._overdue_frozen)
+        (allocated size, the open buffer included). O(slots)."""
+        total = sys.getsizeof(self._ring) + sys.getsizeof(self._ring_used) + sys.getsizeof(self._open)
+        total += sum(_chunks_nbytes(chunks) for chunks in self._ring if chunks is not None)
+        total += sys.getsizeof(self._overflow) + sum(_chunks_nbytes(chunks) for chunks in self._overflow.values())
+        total += sys.getsizeof(self._overflow_due) + sum(sys.getsizeof(slot) for slot in self._overflow_due)
+        if self._overdue is not None:
+            total += _chunks_nbytes(self._overdue)
         return total
 
     def __repr__(self) -> str:
@@ -270,41 +301,119 @@ class TimingWheel:
             f"fired_through_ms={self._fired_through_ms}, entries={self._count})"
         )
 
-    def _freeze(self, buffer: bytearray) -> bytes:
-        """The buffer's contents as an exact-size chunk; the buffer is left empty (and its
-        memory freed)."""
-        chunk = bytes(buffer)
-        buffer.clear()
-        self._frozen_nbytes += _BYTES_OVERHEAD + len(chunk)
-        return chunk
+    def _next_in_ring(self, start: int) -> int | None:
+        """The first non-empty slot number from `start` (at or after the cursor) to the
+        ring's end, or None."""
+        count = self._ring_end - start
+        if count <= 0:
+            return None
+        slots = self._slots
+        first = start % slots
+        used = self._ring_used
+        if first + count <= slots:
+            index = used.find(1, first, first + count)
+            return None if index < 0 else start + index - first
+        index = used.find(1, first)
+        if index >= 0:
+            return start + index - first
+        index = used.find(1, 0, first + count - slots)
+        return None if index < 0 else start + slots - first + index
 
-    def _unpack(self, chunks: list[bytes] | None, buffer: bytearray | None, out: list[Entry]) -> None:
-        """Append the entries of a slot's frozen chunks, then of its buffer, to `out`."""
+    def _mark(self, slot: int) -> None:
+        """Make `slot` non-empty (its chunks may stay empty while the open buffer holds its entries)."""
+        if slot < self._ring_end:
+            index = slot % self._slots
+            if self._ring[index] is None:
+                self._ring[index] = b""
+                self._ring_used[index] = 1
+        elif slot not in self._overflow:
+            self._overflow[slot] = b""
+            heappush(self._overflow_due, slot)
+
+    def _get(self, key: int) -> Chunks | None:
+        if key == _OVERDUE:
+            return self._overdue
+        if key < self._ring_end:
+            return self._ring[key % self._slots]
+        return self._overflow.get(key)
+
+    def _put(self, key: int, data: bytes | memoryview) -> None:
+        """Append packed entries to the chunks of `key` (a slot made non-empty, or `_OVERDUE`)."""
+        chunks = self._get(key)
+        if chunks is None or not chunks:
+            chunks = bytes(data)
+        elif isinstance(chunks, bytes):
+            chunks = chunks + data if len(chunks) < _CHUNK_BYTES else [chunks, bytes(data)]
+        elif len(chunks[-1]) < _CHUNK_BYTES:
+            chunks[-1] += data
+            return
+        else:
+            chunks.append(bytes(data))
+            return
+        if key == _OVERDUE:
+            self._overdue = chunks
+        elif key < self._ring_end:
+            self._ring[key % self._slots] = chunks
+        else:
+            self._overflow[key] = chunks
+
+    def _seal(self) -> None:
+        """Move the open buffer's entries into their slot's chunks; the buffer is then empty."""
+        assert self._open_key is not None
+        self._put(self._open_key, self._open_view[:self._open_used])
+        self._open_used = 0
+
+    def _take(self, key: int, chunks: Chunks | None, out: list[Entry]) -> None:
+        """Append the entries of `key` (its chunks, then the open buffer's if it is
+        `key`'s) to `out`; the open buffer is left free."""
+        self._read(key, chunks, out)
+        if self._open_key == key:
+            self._open_key = None
+            self._open_used = 0
+
+    def _read(self, key: int, chunks: Chunks | None, out: list[Entry]) -> None:
+        parts: list[bytes] = []
         if chunks:
-            for chunk in chunks:
-                self._frozen_nbytes -= _BYTES_OVERHEAD + len(chunk)
-                _unpack_into(chunk, out)
-        if buffer:
-            _unpack_into(bytes(buffer), out)
+            parts = [chunks] if isinstance(chunks, bytes) else chunks
+        if self._open_key == key and self._open_used:
+            parts = [*parts, bytes(self._open_view[:self._open_used])]
+        if key == _OVERDUE or not self._short:
+            for data in parts:
+                _unpack_long_into(data, out)
+        else:
+            base = key * self._tick_ms
+            for data in parts:
+                _unpack_slot_into(data, base, out)
 
 
-def _unpack_into(data: bytes, out: list[Entry]) -> None:
-    """Append the entries packed in `data` to `out`, in the order they were added."""
+def _chunks_nbytes(chunks: Chunks) -> int:
+    if isinstance(chunks, bytes):
+        return _BYTES_OVERHEAD + len(chunks) if chunks else 0
+    return sys.getsizeof(chunks) + sum(_BYTES_OVERHEAD + len(chunk) for chunk in chunks)
+
+
+def _unpack_long_into(data: bytes, out: list[Entry]) -> None:
+    """Append the entries packed with long headers in `data` to `out`, in the order they were added."""
     append = out.append
     offset = 0
     end = len(data)
     while offset < end:
-        run_at_ms, tag, length = _unpack_header(data, offset)
-        offset += _HEADER_SIZE
+        run_at_ms, tag, length = _unpack_long(data, offset)
+        offset += _LONG_HEADER_SIZE
         append((run_at_ms, tag, data[offset:offset + length]))
         offset += length
 
 
-def _iter_entries(data: bytes) -> Iterator[Entry]:
+def _unpack_slot_into(data: bytes, base_ms: int, out: list[Entry]) -> None:
+    """Append the entries of a slot starting at `base_ms`, packed in `data`, to `out`."""
+    append = out.append
     offset = 0
     end = len(data)
     while offset < end:
-        run_at_ms, tag, length = _unpack_header(data, offset)
-        offset += _HEADER_SIZE
-        yield run_at_ms, tag, data[offset:offset + length]
+        tag, length, at = _unpack_slot(data, offset)
+        offset += _SLOT_HEADER_SIZE
+        if length == _LONG_ITEM:
+            length = int.from_bytes(data[offset:offset + 4], "little")
+            offset += 4
+        append((base_ms + at, tag, data[offset:offset + length]))
         offset += length

@@ -302,13 +302,13 @@ TICK_MS = 10
 SLOTS = 8  # a ring of 80 ms; run_at spreads over several spans
 START_MS = 1_000
 
-adds = st.tuples(st.just("add"), st.integers(-30, 400), st.integers(0, 255), st.sampled_from([4, 100, 3_000]))
+adds = st.tuples(st.just("add"), st.integers(-30, 400), st.integers(0, 255), st.sampled_from([4, 100, 3_000, 9_000]))
 polls = st.tuples(st.just("poll"), st.integers(0, 60), st.just(0), st.just(0))
 probes = st.tuples(st.just("probe"), st.integers(-30, 400), st.just(0), st.just(0))
 operations = st.lists(st.one_of(adds, polls, probes), max_size=120)
 """Steps `(kind, time, tag, item size)`: an add at `now + time`, a poll at `now + time`
-(time moves on), or a look at `items_in_slot(now + time)`. Items of 3000 bytes make
-slots freeze their packed entries into chunks."""
+(time moves on), or a look at `items_in_slot(now + time)`. Items of 3000 bytes fill
+the open buffer and make slots join chunks; items of 9000 bytes do not fit in it."""
 
 
 @settings(max_examples=300, deadline=None)
@@ -424,3 +424,38 @@ def test_large_items_in_one_slot_cost_little_more_than_their_bytes() -> None:
         tracemalloc.stop()
     assert added < count * (size + 64)
     assert abs(w.nbytes - empty - added) <= 0.2 * added
+
+
+def test_a_load_in_run_at_order_costs_a_few_bytes_an_entry_even_with_few_entries_a_slot() -> None:
+    # A 60 s spread of 5,000 tasks a second over 64 shards: 78 entries a second per
+    # shard, 8 a slot, 150-byte items, read in run_at order as a bucket load sends them.
+    count = 4_700
+    w = TimingWheel(start_ms=T0 - 60_000)
+    empty = w.nbytes
+    for n in range(count):
+        w.add(T0 + n * 60_000 // count, 9, item(n, 150))
+    per_entry = (w.nbytes - empty) / count - 150
+    assert per_entry <= 12, per_entry  # a 5-byte header and the slot's chunk, shared by its 8 entries
+    fired = [entry for now in range(T0, T0 + 60_100, 100) for entry in w.poll(now)]
+    assert numbers(fired) == list(range(count))
+
+
+def test_adds_alternating_between_slots_keep_their_order_and_cost_no_more_than_in_order() -> None:
+    w = wheel(slots=64)
+    empty = w.nbytes
+    count = 3_000
+    for n in range(count):
+        w.add(T0 + (n % 3) * 1_000 + n % 7, n % 256, item(n, 100))
+    assert (w.nbytes - empty) / count - 100 <= 12
+    fired = w.poll(T0 + 3_000)
+    assert [entry[0] for entry in fired] == sorted(entry[0] for entry in fired)
+    assert len(fired) == count
+    for run_at in {entry[0] for entry in fired}:  # equal times come in the order they were added
+        same = [number(entry) for entry in fired if entry[0] == run_at]
+        assert same == sorted(same)
+
+def test_a_tick_longer_than_two_bytes_of_offset_keeps_whole_times() -> None:
+    w = TimingWheel(start_ms=0, tick_ms=100_000, slots=4)
+    w.add(99_999, 3, b"late in the slot")
+    w.add(1, 4, b"early in the slot")
+    assert w.poll(99_999) == [(1, 4, b"early in the slot"), (99_999, 3, b"late in the slot")]
