@@ -19,8 +19,11 @@ its leases back (the pass stops at its next schedule; runs it made are idempoten
 
 Clock = Callable[[], int]
 
-LOAD_CHUNK = 2000
+LOAD_CHUNK = 1000
 """Rows a bucket read sends to the fire loop at a time."""
+
+PRELOADS_AT_ONCE = 2
+"""Reads of buckets not yet due under way at once, over all shards (see `reading`)."""
 
 LIMITS_ATTEMPTS = 10
 """Tries (a second apart) of the first read of the tenants' limits before giving up."""
@@ -67,7 +70,9 @@ class DispatcherConfig:
     publish_give_up_s: float = 60.0
     """After this long without a successful publish, give every shard back and exit, so
     dispatchers that can publish take over."""
-    page_size: int = 5000
+    page_size: int = 1000
+    """Rows per page of a bucket read: a page is decoded whole, so it bounds the rows a
+    read holds at once (see `reading`)."""
     reader_threads: int = 8
     looker_threads: int = 4
     writer_threads: int = 8

@@ -5,6 +5,14 @@ Each tick asks every shard what it needs (`OwnedShard.buckets_to_load`,
 pools: bucket loads and the counts before a slice fires to the readers, second looks
 and sweeps (and their re-reads) to the lookers. Their results come back through the
 fire loop's inbox, where the handlers here feed them into the shard.
+
+Reads of a bucket not yet due (the preload a minute ahead) go `PRELOADS_AT_ONCE` at a
+time, in pages of `DispatcherConfig.page_size` rows: what a read holds at once (the
+driver's decoded page, the rows on their way to the fire loop) is garbage as soon as it
+is in a wheel, but the allocator keeps the pages it used while any long-lived object
+shares them, so the fewer transient rows at once, the less memory stays with the process
+after the load. A bucket already due (taking a shard, a read that failed) is read at
+once, whatever else is in flight: it is late.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import time
 from functools import partial
 
 from scheduler.dispatcher import memory
-from scheduler.dispatcher.config import LOAD_ATTEMPTS, LOAD_CHUNK
+from scheduler.dispatcher.config import LOAD_ATTEMPTS, LOAD_CHUNK, PRELOADS_AT_ONCE
 from scheduler.dispatcher.context import DispatcherContext
 from scheduler.dispatcher.rows import Row, Sweep, rows_from
 from scheduler.dispatcher.shard import OwnedShard
@@ -35,18 +43,17 @@ class Reading:
         self.ctx = ctx
         self._loads_since_trim = 0
         self._last_trim = 0.0
+        self._preloading: set[tuple[int, int, int]] = set()
+        """(shard, token, bucket) of the reads of buckets not yet due under way."""
 
     # On the fire loop: ask for what is needed.
 
     def schedule(self, now: int) -> None:
         """Send every read, count and sweep the shards need now to the pools."""
         ctx = self.ctx
+        self.start_loads(now)
         for shard, owned in ctx.shards.items():
             token = owned.token
-            for bucket in owned.buckets_to_load(now, ctx.config.lookahead_ms):
-                owned.read_asked(bucket)
-                ctx.submit(ctx.readers, self._load_bucket, owned, bucket, owned.resume_after(bucket),
-                           on_error=partial(ctx.post, partial(self._bucket_failed, shard, token, bucket)))
             for k in owned.slices_to_verify(now, ctx.config.verify_lead_ms):
                 owned.ask_count(k)
                 ctx.submit(ctx.readers, self._count_slice, owned, k,
@@ -60,6 +67,29 @@ class Reading:
                 owned.forget(now)
                 ctx.submit(ctx.lookers, self._sweep, owned, sweep,
                            on_error=partial(ctx.post, partial(self._sweep_failed, shard, token)))
+
+    def start_loads(self, now: int) -> None:
+        """Send the bucket reads the shards need now: every one already due, and those of
+        buckets ahead while fewer than `PRELOADS_AT_ONCE` are under way."""
+        ctx = self.ctx
+        preloading = self._preloading
+        for shard, owned in ctx.shards.items():
+            token = owned.token
+            # Reads ahead left out now are asked for when one ends, or at the next tick.
+            for bucket in owned.buckets_to_load(now, ctx.config.lookahead_ms,
+                                                ahead=len(preloading) < PRELOADS_AT_ONCE):
+                ahead = bucket > now
+                if ahead:
+                    preloading.add((shard, token, bucket))
+                owned.read_asked(bucket)
+                ctx.submit(ctx.readers, self._load_bucket, owned, bucket, owned.resume_after(bucket), ahead,
+                           on_error=partial(ctx.post, partial(self._bucket_failed, shard, token, bucket)))
+
+    def _preload_ended(self, shard: int, token: int, bucket: int) -> None:
+        """On the fire loop: a read of a bucket ahead is over (read, failed or dropped);
+        the next one goes out now rather than at the next tick."""
+        self._preloading.discard((shard, token, bucket))
+        self.start_loads(self.ctx.clock())
 
     def trim_memory(self) -> None:
         """After bucket reads, hand the memory they used back (see `memory`); at most once
@@ -75,11 +105,19 @@ class Reading:
 
     # On the pools: the reads and counts, each sending its result to the fire loop.
 
-    def _load_bucket(self, owned: OwnedShard, bucket: int, after: int) -> None:
+    def _load_bucket(self, owned: OwnedShard, bucket: int, after: int, ahead: bool = False) -> None:
         """Read one bucket of the shard, rows after `after`, and send it to the fire loop in
         chunks. Chunks end between two run_at values, so a read retried after a failure
         (here, or asked for again later) resumes after the last run_at sent and sends no
-        row twice."""
+        row twice. A read of a bucket `ahead` tells the fire loop when it is over, however
+        it ends (see `start_loads`)."""
+        try:
+            self._read_bucket(owned, bucket, after)
+        finally:
+            if ahead:
+                self.ctx.post(partial(self._preload_ended, owned.shard, owned.token, bucket))
+
+    def _read_bucket(self, owned: OwnedShard, bucket: int, after: int) -> None:
         ctx = self.ctx
         token, shard = owned.token, owned.shard
         read_started = ctx.clock()

@@ -204,12 +204,14 @@ class OwnedShard:
 
     # Reads to ask for.
 
-    def buckets_to_load(self, now_ms: int, lookahead_ms: int) -> list[int]:
+    def buckets_to_load(self, now_ms: int, lookahead_ms: int, *, ahead: bool = True) -> list[int]:
         """Buckets to read next: the current and the next one at once (whatever else is
         in flight), then, oldest first, the ones from the loaded frontier on, at most
         `max_loading_buckets` of those in flight, so a shard far behind catches up in order
-        while what is due now still fires. A read that failed is asked for again after
-        `load_retry_at_ms`."""
+        while what is due now still fires. Without `ahead`, the buckets not yet due are
+        left for a later call (the reader bounds the reads ahead in flight), unless the
+        shard is catching up, when it reads as it would with them. A read that failed is
+        asked for again after `load_retry_at_ms`."""
         if now_ms < self.load_retry_at_ms:
             return []
         wanted: list[int] = []
@@ -220,7 +222,8 @@ class OwnedShard:
             return (bucket not in asked or bucket in failed) and bucket not in self.completed_buckets
 
         now_bucket = minute_bucket(max(now_ms, self.start_ms + 1))
-        last = minute_bucket(max(now_ms, self.start_ms + 1) + lookahead_ms)
+        ahead = ahead or minute_bucket(self.loaded_through_ms + 1) < now_bucket
+        last = minute_bucket(max(now_ms, self.start_ms + 1) + (lookahead_ms if ahead else 0))
         for bucket in range(now_bucket, last + 1, BUCKET_MS):
             if wants(bucket) and bucket + BUCKET_MS - 1 > self.loaded_through_ms:
                 wanted.append(bucket)

@@ -126,10 +126,11 @@ def test_a_bucket_read_failing_part_way_resumes_where_it_stopped_and_keeps_hand_
         # The first read gives up after its attempts (on the reader thread, in real time; the
         # manual clock stands still, so the bucket is not asked for again yet).
         turn_until(lambda: T0 in owned.failed_buckets, "the first read of the bucket to give up")
-        chunk_end = tasks[LOAD_CHUNK - 1].run_at_ms
+        sent_rows = FAIL_AFTER // LOAD_CHUNK * LOAD_CHUNK  # the whole chunks read before the fault
+        chunk_end = tasks[sent_rows - 1].run_at_ms
         assert store.loads == [(T0 - 1, True)] + [(chunk_end, True)] * (LOAD_ATTEMPTS - 1), \
             "each attempt resumes after the rows already sent to the wheel"
-        assert len(owned.wheel) == LOAD_CHUNK
+        assert len(owned.wheel) == sent_rows
 
         # While the read is failing, a producer hands off two tasks of that bucket: one the
         # failed read never returned, and one already in the wheel.
@@ -142,8 +143,8 @@ def test_a_bucket_read_failing_part_way_resumes_where_it_stopped_and_keeps_hand_
         assert store.loads[-1][1] and not store.healed.is_set()
         assert unsent.id in acked, "the task handed off while its bucket's read failed was dropped"
         assert unsent.run_at_ms <= acked[unsent.id] <= unsent.run_at_ms + 2_500
-        assert {t.id for t in tasks[:LOAD_CHUNK]} <= set(acked)
-        assert not {t.id for t in tasks[LOAD_CHUNK:] if t is not unsent} & set(acked)
+        assert {t.id for t in tasks[:sent_rows]} <= set(acked)
+        assert not {t.id for t in tasks[sent_rows:] if t is not unsent} & set(acked)
         assert (cursors(store)[SHARD] or 0) < T0
 
         store.healed.set()
@@ -156,7 +157,7 @@ def test_a_bucket_read_failing_part_way_resumes_where_it_stopped_and_keeps_hand_
     failed = sum(1 for _, failing in store.loads if failing)
     assert failed > LOAD_ATTEMPTS, "the bucket was handed back and asked for again, and failed again"
     assert all(after == chunk_end for after, _ in store.loads[1:]), store.loads
-    assert set(store.loaded[t.id] for t in tasks[:LOAD_CHUNK]) == {1}, "rows sent to the wheel were read again"
+    assert set(store.loaded[t.id] for t in tasks[:sent_rows]) == {1}, "rows sent to the wheel were read again"
     assert {published[t.id] for t in tasks} == {1}, "a task was published twice, or never"
     assert rig.dispatcher.stats.duplicates_dropped >= 2
     assert all(at >= task.run_at_ms for at, task in rig.publisher.sent)
