@@ -36,8 +36,8 @@ Worked example, `tick_ms=100`, `slots=2048` (a ring of 204.8 s), the cursor at
   the overflow and moves into the ring once the cursor reaches 09:00:05.299.
 
 Memory: no Python object per waiting entry. A slot's entries are packed into `bytes`
-chunks, each entry a 5-byte header (tag, item length, `run_at_ms` less the slot's first
-millisecond) then the item's bytes, unpacked only when the slot fires or is inspected;
+chunks, each entry a 4-byte header (tag, item length, `run_at_ms` less the slot's first
+millisecond, in one byte for a tick up to 256 ms, else two) then the item's bytes, unpacked only when the slot fires or is inspected;
 overdue entries carry a 13-byte header with the whole `run_at_ms`. Adds are packed into
 the wheel's one open buffer (`_OPEN_BYTES`, allocated with the wheel) for as long as
 they go to the same slot, which is how a bucket read arrives, in `run_at` order; an add
@@ -73,16 +73,14 @@ from scheduler.errors import ConfigError
 _LONG_HEADER = struct.Struct("<qBI")
 """An overdue entry's header: run_at_ms, tag, length of the item that follows."""
 
-_SLOT_HEADER = struct.Struct("<BHH")
+_SLOT_HEADERS = (struct.Struct("<BHB"), struct.Struct("<BHH"))
 """A slot's entry's header: tag, length of the item (`_LONG_ITEM`: a 4-byte length
-follows), run_at_ms less the slot's first millisecond."""
+follows), run_at_ms less the slot's first millisecond, in one byte for a tick of up to
+256 ms, else two."""
 
 _LONG_HEADER_SIZE = _LONG_HEADER.size
-_SLOT_HEADER_SIZE = _SLOT_HEADER.size
 _pack_long = _LONG_HEADER.pack
 _unpack_long = _LONG_HEADER.unpack_from
-_pack_slot = _SLOT_HEADER.pack
-_unpack_slot = _SLOT_HEADER.unpack_from
 _LONG_ITEM = 0xFFFF
 _MAX_OFFSET = 0xFFFF
 _by_run_at = itemgetter(0)
@@ -119,8 +117,10 @@ class TimingWheel:
         self._tick_ms = tick_ms
         self._slots = slots
         self._short = tick_ms <= _MAX_OFFSET + 1
-        """Slot entries carry their offset in the slot in 2 bytes; with a longer tick they
-        carry the long header, as overdue ones do."""
+        """Slot entries carry their offset in the slot in 1 or 2 bytes; with a longer tick
+        they carry the long header, as overdue ones do."""
+        self._slot_header = _SLOT_HEADERS[0] if tick_ms <= 0x100 else _SLOT_HEADERS[1]
+        self._pack_slot = self._slot_header.pack
         self._fired_through_ms = start_ms - 1
         self._cursor = start_ms // tick_ms
         """The first slot number not fired yet; the ring holds `_cursor` up to `_ring_end - 1`."""
@@ -174,9 +174,10 @@ class TimingWheel:
                 if not self._short:
                     header = _pack_long(run_at_ms, tag, length)
                 elif length < _LONG_ITEM:
-                    header = _pack_slot(tag, length, run_at_ms - key * self._tick_ms)
+                    header = self._pack_slot(tag, length, run_at_ms - key * self._tick_ms)
                 else:
-                    header = _pack_slot(tag, _LONG_ITEM, run_at_ms - key * self._tick_ms) + length.to_bytes(4, "little")
+                    header = (self._pack_slot(tag, _LONG_ITEM, run_at_ms - key * self._tick_ms)
+                              + length.to_bytes(4, "little"))
         except struct.error:
             raise ValueError(f"a wheel entry's tag is an integer from 0 to 255, got {tag!r}") from None
         self._count += 1
@@ -383,7 +384,7 @@ class TimingWheel:
         else:
             base = key * self._tick_ms
             for data in parts:
-                _unpack_slot_into(data, base, out)
+                _unpack_slot_into(data, base, self._slot_header, out)
 
 
 def _chunks_nbytes(chunks: Chunks) -> int:
@@ -404,14 +405,17 @@ def _unpack_long_into(data: bytes, out: list[Entry]) -> None:
         offset += length
 
 
-def _unpack_slot_into(data: bytes, base_ms: int, out: list[Entry]) -> None:
-    """Append the entries of a slot starting at `base_ms`, packed in `data`, to `out`."""
+def _unpack_slot_into(data: bytes, base_ms: int, header: struct.Struct, out: list[Entry]) -> None:
+    """Append the entries of a slot starting at `base_ms`, packed in `data` with
+    `header`s, to `out`."""
     append = out.append
+    unpack = header.unpack_from
+    size = header.size
     offset = 0
     end = len(data)
     while offset < end:
-        tag, length, at = _unpack_slot(data, offset)
-        offset += _SLOT_HEADER_SIZE
+        tag, length, at = unpack(data, offset)
+        offset += size
         if length == _LONG_ITEM:
             length = int.from_bytes(data[offset:offset + 4], "little")
             offset += 4
