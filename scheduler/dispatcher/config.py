@@ -19,7 +19,7 @@ its leases back (the pass stops at its next schedule; runs it made are idempoten
 
 Clock = Callable[[], int]
 
-LOAD_CHUNK = 1000
+LOAD_CHUNK = 500
 """Rows a bucket read sends to the fire loop at a time."""
 
 PRELOADS_AT_ONCE = 2
@@ -70,7 +70,7 @@ class DispatcherConfig:
     publish_give_up_s: float = 60.0
     """After this long without a successful publish, give every shard back and exit, so
     dispatchers that can publish take over."""
-    page_size: int = 1000
+    page_size: int = 500
     """Rows per page of a bucket read: a page is decoded whole, so it bounds the rows a
     read holds at once (see `reading`)."""
     reader_threads: int = 8
