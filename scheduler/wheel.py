@@ -36,25 +36,25 @@ Worked example, `tick_ms=100`, `slots=2048` (a ring of 204.8 s), the cursor at
   the overflow and moves into the ring once the cursor reaches 09:00:05.299.
 
 Memory: no Python object per waiting entry. A slot's entries are packed into `bytes`
-chunks, each entry a 4-byte header (tag, item length, `run_at_ms` less the slot's first
-millisecond, in one byte for a tick up to 256 ms, else two) then the item's bytes, unpacked only when the slot fires or is inspected;
-overdue entries carry a 13-byte header with the whole `run_at_ms`. Adds are packed into
-the wheel's one open buffer (`_OPEN_BYTES`, allocated with the wheel) for as long as
-they go to the same slot, which is how a bucket read arrives, in `run_at` order; an add
-to another slot, or a full buffer, seals what it holds into the slot as an exact-size
-chunk, joined to the slot's last chunk while that is under `_CHUNK_BYTES`. So no slot
-keeps spare capacity, a slot costs one chunk's fixed part (about 50 bytes with the
-allocator's) per 4 KiB or less it holds, and a non-empty slot is marked in a byte of a
-flags array (found with `bytearray.find`, in C) instead of a heap of slot numbers.
-With 8 entries of 150 bytes a slot (a 60 s spread at 5,000 tasks a second over 64
-shards), that is under 8 bytes an entry besides the header; with 47 a slot, about 1.
-Entries added one by one to slots in random order cost a copy of up to 4 KiB each (the
-join), not more memory. `nbytes` tells the total.
+chunks, each entry a 4-byte header (tag, item length, and `run_at_ms` less the slot's
+first millisecond, in one byte for a tick of up to 256 ms, else two) then the item's
+bytes, unpacked only when the slot fires or is inspected; overdue entries carry a
+13-byte header with the whole `run_at_ms`. Adds are packed into the wheel's one open
+buffer (`_OPEN_BYTES`, allocated with the wheel) for as long as they go to the same
+slot, which is how a bucket read arrives, in `run_at` order; an add to another slot, or
+a full buffer, seals what the buffer holds into its slot as an exact-size chunk, joined
+to the slot's last chunk while that is under `_CHUNK_BYTES`. So no slot keeps spare
+room, a slot costs a chunk's fixed part (33 bytes, ~50 with the allocator's) per 4 KiB
+or less that it holds, and a non-empty slot is a byte in a flags array (found with
+`bytearray.find`, in C) rather than a heap entry. With 8 entries of 140 bytes a slot (a
+60 s spread of 5,000 tasks a second over 64 shards) that is about 4 + 6 bytes an entry;
+with 47 a slot (10 s), 4 + 1. Adds that alternate between slots cost a join (a copy of
+up to 4 KiB) each, not memory. `nbytes` tells the total.
 
-The long-lived parts are thus allocated when the wheel is made (the ring, the flags,
-the open buffer) or are the chunks themselves, which are large: a load leaves few small
-objects behind among the transient ones it freed, which would pin the allocator's
-arenas (see `scheduler.dispatcher.memory`).
+The long-lived parts are made with the wheel (the ring, the flags, the open buffer) or
+are the chunks themselves, mostly over 512 bytes, which Python hands to malloc: a load
+leaves few small objects behind among the transient ones it freed, which would keep
+their allocator arenas resident (see `scheduler.dispatcher.memory`).
 
 Locking: not thread-safe. The caller serialises every call (the dispatcher's loop owns
 its wheel). Returned items are new `bytes` objects; the wheel keeps no reference to them.

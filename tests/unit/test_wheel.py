@@ -435,7 +435,7 @@ def test_a_load_in_run_at_order_costs_a_few_bytes_an_entry_even_with_few_entries
     for n in range(count):
         w.add(T0 + n * 60_000 // count, 9, item(n, 150))
     per_entry = (w.nbytes - empty) / count - 150
-    assert per_entry <= 12, per_entry  # a 5-byte header and the slot's chunk, shared by its 8 entries
+    assert per_entry <= 12, per_entry  # a 4-byte header and the slot's chunk, shared by its 8 entries
     fired = [entry for now in range(T0, T0 + 60_100, 100) for entry in w.poll(now)]
     assert numbers(fired) == list(range(count))
 
