@@ -6,6 +6,13 @@ memory for reuse, so after a load the process stays at its high-water mark altho
 the wheels hold far less. Two glibc calls fix most of it: fewer arenas, set before the
 threads start, and `malloc_trim` after each load, which hands freed pages back to the
 system. Elsewhere (musl, macOS) both are no-ops.
+
+What trimming cannot hand back is a page, or one of Python's 1 MiB small-object arenas,
+that a long-lived object still touches. So the rest is kept small at the source: reads
+ahead go two at a time in 500-row pages (`reading`), so a load's transient objects fill
+few arenas, and the wheels keep their entries in large exact-size chunks made outside
+them (`scheduler.wheel`). What RSS still grows by beyond the wheels is measured by
+`bench/nine_oclock.py` (bench/README.md).
 """
 
 from __future__ import annotations
