@@ -25,12 +25,19 @@ before its `run_at_ms` and none later than the first poll at or after
 `run_at_ms + tick_ms - 1`. Each `poll` returns its entries in `run_at_ms` order, equal
 times in the order they were added, the overdue ones first.
 
+`poll_started` is the one way out before an entry's time: it also takes the slot that
+`now_ms` falls in as soon as that slot begins, so that a caller can fire each entry at its
+own millisecond rather than at the end of its slot. Never early is then the caller's to
+keep: the dispatcher holds those entries (`OwnedShard.soon`) and publishes each only once
+its `run_at_ms` has come.
+
 Worked example, `tick_ms=100`, `slots=2048` (a ring of 204.8 s), the cursor at
 2026-12-02T08:59:59.999Z (`fired_through_ms = 1796201999999`):
 
 - an entry due 09:00:00.250 (`1796202000250`) lies in slot `17962020002`, ring index
   `17962020002 % 2048 = 1186`, and fires at the first poll with
-  `now_ms >= 1796202000299` (09:00:00.299);
+  `now_ms >= 1796202000299` (09:00:00.299), or is taken by the first `poll_started` with
+  `now_ms >= 1796202000200` (09:00:00.200), its slot's start;
 - an entry due 08:59:59.900 is already due: the next poll returns it;
 - an entry due 09:03:30.000 lies 2100 slots ahead, beyond the ring's 2048: it waits in
   the overflow and moves into the ring once the cursor reaches 09:00:05.299.
@@ -246,6 +253,15 @@ class TimingWheel:
         # stable sort orders the whole batch; it is linear on runs already in order.
         fired.sort(key=_by_run_at)
         return fired
+
+    def poll_started(self, now_ms: int) -> list[Entry]:
+        """`poll`, and also take the slot that `now_ms` falls in, whose span has begun but
+        not passed: what is returned may not be due yet. The caller holds each entry until
+        its `run_at_ms` (`OwnedShard` does), which lets a task fire at its own millisecond
+        rather than at the end of its slot. `fired_through_ms` moves to the end of that
+        slot: an entry added at or before it is taken by the next poll, due or not, so the
+        caller keeps those too. Same order and cost as `poll`."""
+        return self.poll(now_ms - now_ms % self._tick_ms + self._tick_ms - 1)
 
     def next_due_ms(self) -> int | None:
         """The earliest `now_ms` at which `poll` would return something: `fired_through_ms`

@@ -287,6 +287,23 @@ def test_next_due_ms_is_the_end_of_the_first_slot_holding_entries() -> None:
     assert w.next_due_ms() == T0 + 3_099
 
 
+def test_poll_started_takes_the_slot_under_way_whose_entries_may_not_be_due_yet() -> None:
+    w = wheel()
+    w.add(T0 + 120, 0, item(1))
+    w.add(T0 + 250, 0, item(2))
+    w.add(T0 + 205, 0, item(3))
+    w.add(T0 + 300, 0, item(4))
+    assert w.poll_started(T0 + 199) == [(T0 + 120, 0, item(1))]  # the slot of T0 + 100 .. 199, ended
+    assert w.fired_through_ms == T0 + 199
+    assert numbers(w.poll_started(T0 + 200)) == [3, 2]  # begun at T0 + 200: taken whole, in run_at order
+    assert w.fired_through_ms == T0 + 299
+    assert w.poll_started(T0 + 299) == []
+    w.add(T0 + 280, 0, item(5))  # at or before the frontier: the caller's to hold, taken by the next poll
+    assert numbers(w.poll_started(T0 + 250)) == [5]
+    assert numbers(w.poll_started(T0 + 300)) == [4]
+    assert len(w) == 0
+
+
 # --- properties ---------------------------------------------------------------------
 
 
