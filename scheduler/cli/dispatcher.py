@@ -33,7 +33,13 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
               help="Seconds after which the shards of a dispatcher that died (or paused) go to others.")
 @click.option("--tick-ms", "tick_ms", type=click.IntRange(10, 1000), default=100, show_default=True,
               envvar="SCHEDULER_TICK_MS", show_envvar=True,
-              help="Timing-wheel tick: due tasks fire at most this late. Must divide 1000.")
+              help="The fire loop's beat (hand-offs, reads, cursors) and the timing wheel's slot width. "
+                   "Must divide 1000.")
+@click.option("--fire-gap-ms", "fire_gap_ms", type=click.IntRange(1, 1000), default=5, show_default=True,
+              envvar="SCHEDULER_FIRE_GAP_MS", show_envvar=True,
+              help="Least time between two firing passes: tasks falling due within it are published as one batch, "
+                   "so a task fires up to this late (plus the publish). At --tick-ms or more, tasks fire at the "
+                   "ticks only, up to a tick late.")
 @click.option("--long-types", "long_types", default="", envvar="SCHEDULER_LONG_TYPES", show_envvar=True,
               help="Comma-separated task types published to the long topic (the long worker pool).")
 @click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -64,7 +70,7 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
               "to stderr.")
 @store_options
 def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
-               tick_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
+               tick_ms: int, fire_gap_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
                hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, metrics_types: int,
                metrics_port: int | None, metrics_host: str, log_level: str, backend: str, db: Path,
                **options: Any) -> None:
@@ -102,7 +108,7 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
     with backends.open_dispatcher_parts(settings, name) as parts:
         config = DispatcherConfig(
             member=name, shards=parse_shards(shards, parts.store.shard_count), tick_ms=tick_ms,
-            lease_timeout_s=lease_timeout_s,
+            fire_gap_ms=fire_gap_ms, lease_timeout_s=lease_timeout_s,
             long_types=frozenset(t.strip() for t in long_types.split(",") if t.strip()), stats_path=stats_file,
             limits_interval_s=limits_interval_s, hold_timeout_s=hold_timeout_s,
             sweep_interval_ms=int(sweep_interval_s * 1000), sweep_horizon_ms=int(sweep_horizon_s * 1000),

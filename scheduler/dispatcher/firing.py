@@ -1,5 +1,7 @@
-"""Firing: each tick, what is due in every shard whose lease is valid goes through the
-release gate to the queue.
+"""Firing: what is due in every shard whose lease is valid goes through the release gate
+to the queue, at each tick and, between ticks, as the entries a shard holds fall due
+(`OwnedShard.soon`: a slot is taken from the wheel when it begins, and each of its
+entries fires at its own `run_at`).
 
 A shard fires only while `Coordinator.is_valid(lease)` holds (checked before every
 batch, no I/O); while the session is suspended nothing fires and the shards are kept,
@@ -45,8 +47,11 @@ class Firing:
         self.on_published: Callable[[list[list[bytes]], int], None] | None = None
         """Told of every message the queue acknowledged (`visible.DispatcherVisibility`)."""
 
-    def fire(self, now: int) -> set[int]:
-        """Fire what is due in every shard whose lease is valid; returns those shards."""
+    def fire(self, now: int, *, held_only: bool = False) -> set[int]:
+        """Fire what is due in every shard whose lease is valid; returns those shards.
+        With `held_only` (a pass between ticks), only the shards whose held entries
+        (`OwnedShard.soon`) have fallen due are looked at: the wheels' slots wait for the
+        tick."""
         ctx = self.ctx
         polled: set[int] = set()
         if ctx.session is SessionState.SUSPENDED:
@@ -54,6 +59,10 @@ class Firing:
         gate = self.gate
         gated = not gate.bypass
         for shard, owned in list(ctx.shards.items()):
+            if held_only:
+                due = owned.next_due_ms()
+                if due is None or due > now:
+                    continue
             if not ctx.coordinator.is_valid(owned.lease):
                 session = ctx.session_now()  # another thread may have changed it since the check above
                 if session is not SessionState.SUSPENDED:
@@ -80,6 +89,15 @@ class Firing:
         if self.pending:
             self.publish_pending()
         return polled
+
+    def next_due_ms(self) -> int | None:
+        """When the first entry held by a shard falls due, if a pass between ticks could
+        fire it: None while batches wait to be published again or the session is
+        suspended (the ticks retry those), or when nothing is held."""
+        if self.pending or self.ctx.session is SessionState.SUSPENDED:
+            return None
+        due = [at for at in (owned.next_due_ms() for owned in self.ctx.shards.values()) if at is not None]
+        return min(due, default=None)
 
     def _let_out(self, now: int) -> None:
         """Add what the gate lets out now to the batches to publish; the shards' wheel

@@ -110,7 +110,7 @@ def rows_from(stored: Iterable[StoredTask], token: int, long_types: frozenset[st
 
 @dataclass
 class FireBatch:
-    """What one shard fired in one pass: values per tag, and the wheel's frontier after."""
+    """What one shard fired in one pass: values per tag, and the shard's fired frontier after."""
 
     by_tag: dict[int, list[bytes]]
     fired_through_ms: int

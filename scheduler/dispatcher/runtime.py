@@ -17,10 +17,15 @@
 Threads, and who owns what
 --------------------------
 - The **fire loop** (the thread that calls `run`) owns every `OwnedShard`
-  (`DispatcherContext.shards`) and the release gate. Each tick it applies what other
-  threads sent it, reads the hand-off log, fires what is due, flushes the queue,
-  commits hand-off positions and starts reads and cursor advances. Nothing else
-  touches a shard's state, so there are no locks around it.
+  (`DispatcherContext.shards`) and the release gate. Each tick (`tick_ms`) it applies
+  what other threads sent it, reads the hand-off log, fires what is due, flushes the
+  queue, commits hand-off positions and starts reads and cursor advances. Between ticks
+  it sleeps until the first entry a shard holds falls due (a tick takes the slot that
+  begins from the wheel, whose entries are not all due yet), or the gate can let a task
+  out, but wakes no sooner than `fire_gap_ms` after its last pass; such a pass only
+  fires, publishes and flushes, so a task goes out within about `fire_gap_ms` of its
+  time, not a tick, and the rest of a tick's work keeps its pace. Nothing else touches
+  a shard's state, so there are no locks around it.
 - The **balancer** decides which shards to take or give back (`balance.plan`), takes
   leases, and tells the fire loop.
 - **Readers** and **lookers** (pools) load buckets, count and re-read slices, sweep;
@@ -105,6 +110,8 @@ class Dispatcher:
                 schedule_runner.client.events = self.visible.events  # the runs it creates are submitted
         self._last_stats_ms = 0
         self._last_gauges_ms = 0
+        self._next_tick_ms = 0
+        self._last_pass_ms = 0
 
     @property
     def stats(self) -> Stats:
@@ -158,14 +165,10 @@ class Dispatcher:
 
     def _fire_loop(self) -> None:
         ctx = self.ctx
-        tick = self.config.tick_ms
         last_loop = time.monotonic()
+        self.start_ticking(ctx.clock())
         while not ctx.stopping.is_set():
-            now = ctx.clock()
-            wait_ms = tick - now % tick
-            release_at = self.firing.release_at_ms
-            if release_at is not None and now < release_at < now + wait_ms:
-                wait_ms = release_at - now  # a full rate window frees up before the tick
+            wait_ms = self._wait_ms(ctx.clock())
             deadline = time.monotonic() + wait_ms / 1000
             while True:
                 remaining = deadline - time.monotonic()
@@ -179,7 +182,44 @@ class Dispatcher:
             if gap > self.config.lease_timeout_s / 3:
                 ctx.stats.stalls += 1
                 self.ownership.confirm_leases(gap)
+            self._pass()
+
+    def start_ticking(self, now: int) -> None:
+        """The first tick of the fire loop comes at the next multiple of `tick_ms` after `now`."""
+        self._last_pass_ms = now
+        self._next_tick_ms = now - now % self.config.tick_ms + self.config.tick_ms
+
+    def _wait_ms(self, now: int) -> int:
+        """How long the fire loop may sleep: until the next tick, or before it until a full
+        rate window of the gate frees up, or until the first held entry falls due, but no
+        sooner than `fire_gap_ms` after the last pass (so a pass fires a batch, not a task)."""
+        wake = self._next_tick_ms
+        release_at = self.firing.release_at_ms
+        if release_at is not None and now < release_at < wake:
+            wake = release_at
+        due = self.firing.next_due_ms()
+        if due is not None and due < wake:
+            wake = max(due, min(self._last_pass_ms + self.config.fire_gap_ms, wake))
+        return max(wake - now, 0)
+
+    def _pass(self) -> None:
+        """One wake of the fire loop: the tick once its time has come, else a pass that
+        fires the held entries fallen due."""
+        now = self._last_pass_ms = self.ctx.clock()
+        if now >= self._next_tick_ms:
+            self._next_tick_ms = now - now % self.config.tick_ms + self.config.tick_ms
             self._tick()
+        else:
+            self._fire_held(now)
+
+    def _fire_held(self, now: int) -> None:
+        """A pass between ticks: fire the held entries that have fallen due (and what the
+        gate lets out), publish and flush them. Nothing else: reads, hand-offs, cursors and
+        stats keep the tick's pace, whatever the number of passes."""
+        firing = self.firing
+        if firing.pending:
+            return  # a failed publish is retried at a tick, after its backoff
+        firing.fire(now, held_only=True)
 
     def _tick(self) -> None:
         now = self.ctx.clock()
@@ -213,7 +253,7 @@ class Dispatcher:
             at_ms=now,
             shards_held=len(shards),
             cursor_lag_max_ms=now - min(owned.persisted_ms for owned in shards) if shards else None,
-            wheel_tasks=sum(len(owned.wheel) for owned in shards),
+            wheel_tasks=sum(owned.waiting for owned in shards),
             wheel_bytes=sum(owned.wheel.nbytes for owned in shards),
             gate_waiting=self.gate.waiting,
             unacknowledged_batches=len(self.firing.pending),
@@ -240,7 +280,7 @@ class Dispatcher:
             "session": self.ctx.session.value,
             "shards": sorted(shards),
             "tokens": {str(shard): owned.token for shard, owned in sorted(shards.items())},
-            "waiting": sum(len(owned.wheel) for owned in shards.values()),
+            "waiting": sum(owned.waiting for owned in shards.values()),
             "wheel_bytes": sum(owned.wheel.nbytes for owned in shards.values()),
             "seen_bytes": sum(owned.seen.nbytes for owned in shards.values()),
             "gate_waiting": self.gate.waiting,

@@ -71,6 +71,18 @@ is not fired twice for the second or so the looks lag. A task handed in behind t
 persisted cursor (into the past) holds the cursor's advance until the queue acknowledged
 it, since the cursor cannot move back below it.
 
+Firing at each task's time
+--------------------------
+The wheel's slots are `tick_ms` wide, and a slot would fire only once it has passed, up
+to a tick late. Instead `fire` takes a slot as soon as it begins (`TimingWheel.poll_started`)
+and holds its entries in `soon`, in `run_at` order; each pass fires those whose `run_at`
+has come, never one before. `fired_through_ms` is then the moment of the last pass (or
+the fire limit), not the end of a slot, and an entry added into the slot under way (a
+hand-off, a re-read) waits in `soon` with the others; one added at or before
+`fired_through_ms` goes into the wheel's overdue list and fires at the next pass. What
+waits in `soon` is treated as in the wheel: a verify or look counts it, a cancel or a
+copy already handled drops it when it fires, the cursor stays at or before the last pass.
+
 A slice is not fired before it is verified, unless its verification is later than
 `verify_grace_ms` past the slice's end: then it fires anyway (on time matters more than
 the rare merge), and the cursor still waits for the verification.
@@ -79,8 +91,10 @@ the rare merge), and the cursor still waits for the verification.
 from __future__ import annotations
 
 import logging
+from bisect import bisect_right, insort_right
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from scheduler.dispatcher.rows import SLICE_MS, FireBatch, Row, Sweep, slice_end, slice_of, tag_for
 from scheduler.dispatcher.seen import Key, SeenRecord, pack
@@ -103,6 +117,8 @@ RECENT_SWEEP_MS = 90_000
 
 FULL_SWEEP_EVERY = 6
 """Every this many sweeps, one counts the whole horizon (the others, `RECENT_SWEEP_MS`)."""
+
+_run_at = itemgetter(0)
 
 __all__ = ["CANCEL_MEMORY_MS", "DEFAULT_HORIZON_MS", "FULL_SWEEP_EVERY", "OwnedShard", "RECENT_SWEEP_MS"]
 
@@ -133,6 +149,15 @@ class OwnedShard:
     """Nobody ever held the shard (the store records no cursor): nothing at or before the
     start was handled, so every bucket behind it counts from zero (a row found there fires)."""
     wheel: TimingWheel = field(init=False)
+    fired_through_ms: int = field(init=False)
+    """Every entry at or before this has been taken and handled (fired, or dropped as a
+    copy or cancelled). The wheel hands out a slot as soon as it begins, so its own
+    frontier is up to a slot ahead of this one: what lies in between waits in `soon`."""
+    soon: list[Entry] = field(default_factory=list)
+    """Entries taken from the wheel and not due yet, in `run_at` order (equal times in
+    the order they came), all after `fired_through_ms` and at or before the wheel's
+    frontier: at most one slot's worth. Each fires at the first pass at or after its
+    `run_at`, so a task fires at its own millisecond, not at the end of its slot."""
     flushed_through_ms: int = field(init=False)
     loaded_through_ms: int = field(init=False)
     verified_through_ms: int = field(init=False)
@@ -183,6 +208,7 @@ class OwnedShard:
             raise ValueError(f"tick_ms must divide {SLICE_MS}, got {self.tick_ms}")
         self.persisted_ms = self.start_ms
         self.wheel = TimingWheel(start_ms=self.start_ms + 1, tick_ms=self.tick_ms)
+        self.fired_through_ms = self.start_ms
         self.flushed_through_ms = self.start_ms
         self.loaded_through_ms = self.start_ms
         self.verified_through_ms = self.start_ms
@@ -269,7 +295,7 @@ class OwnedShard:
         if now_ms < self.look_retry_at_ms:
             return slices
         k = slice_of(self.looked_through_ms + 1)
-        fired_through = self.wheel.fired_through_ms
+        fired_through = self.fired_through_ms
         while slice_end(k) <= fired_through and len(slices) < 200:
             bucket = minute_bucket(k * SLICE_MS)
             if slice_end(k) > self.loaded_through_ms and bucket not in self.completed_buckets:
@@ -298,6 +324,9 @@ class OwnedShard:
             for run_at, _, item in wheel.items_in_slot(at):
                 if after < run_at <= through:
                     keys.add((run_at, item[MESSAGE_ID_SLICE]))
+        for run_at, _, item in self.soon:
+            if after < run_at <= through:
+                keys.add((run_at, item[MESSAGE_ID_SLICE]))
         return keys
 
     def ask_count(self, k: int) -> None:
@@ -308,7 +337,7 @@ class OwnedShard:
         """A second look at slice `k` goes out now. A slice fired whole, with nothing
         waiting behind the wheel's frontier, is all in the record: its count is kept there
         (no unpacking of its keys)."""
-        if slice_end(k) <= self.wheel.fired_through_ms and self.overdue_floor_ms is None and k * SLICE_MS > self.start_ms:
+        if slice_end(k) <= self.fired_through_ms and self.overdue_floor_ms is None and k * SLICE_MS > self.start_ms:
             self.looking[k] = self.seen.count(k)
         else:
             self.looking[k] = len(self.slice_keys(k))
@@ -338,9 +367,12 @@ class OwnedShard:
         self.unfired_slices.add(k)
 
     def _add(self, run_at_ms: int, tag: int, message: bytes) -> None:
-        if run_at_ms <= self.wheel.fired_through_ms:  # fires at the next pass: hold the cursor below it
+        if run_at_ms <= self.fired_through_ms:  # fires at the next pass: hold the cursor below it
             floor = self.overdue_floor_ms
             self.overdue_floor_ms = run_at_ms if floor is None else min(floor, run_at_ms)
+        elif run_at_ms <= self.wheel.fired_through_ms:  # its slot was taken already: not due yet, wait with it
+            insort_right(self.soon, (run_at_ms, tag, message), key=_run_at)
+            return
         self.wheel.add(run_at_ms, tag, message)
 
     def bucket_loaded(self, bucket: int, read_started_ms: int) -> None:
@@ -567,10 +599,28 @@ class OwnedShard:
         (within its grace); drop second copies and what was cancelled. With `gated`, the
         entries are returned whole in `gated`, for the release gate, not by tag. Every
         entry taken is recorded as handled; one that entered the wheel behind its
-        frontier is first looked up in that record, and dropped if its row was handled."""
-        frontier = self.wheel.fired_through_ms
-        entries = self.wheel.poll(self.fire_limit(now_ms))
+        frontier is first looked up in that record, and dropped if its row was handled.
+
+        Never early: the wheel hands out the slot `now_ms` falls in as soon as it begins
+        (`poll_started`), and only its entries due by the fire limit (at most `now_ms`)
+        are taken here; the rest wait in `soon` for a later pass."""
+        frontier = self.fired_through_ms
+        limit = self.fire_limit(now_ms)
+        entries = self.wheel.poll_started(limit)
         self.overdue_floor_ms = None
+        soon = self.soon
+        if soon:
+            # The wheel's overdue entries (at or before the frontier) come first, then its
+            # slots after `soon`'s: one stable sort of the runs puts `soon` between them.
+            if entries:
+                soon += entries
+                soon.sort(key=_run_at)
+            entries, self.soon = soon, []
+        if entries and entries[-1][0] > limit:
+            cut = bisect_right(entries, limit, key=_run_at)
+            self.soon = entries[cut:]
+            del entries[cut:]
+        self.fired_through_ms = max(frontier, limit)
         by_tag: dict[int, list[bytes]] = {}
         skipped = duplicates = 0
         cancelled = self.cancelled
@@ -619,7 +669,7 @@ class OwnedShard:
         if floor is not None:
             self.unacked[floor] = self.unacked.get(floor, 0) + 1
         count = len(entries) - skipped - duplicates
-        return FireBatch(by_tag, self.wheel.fired_through_ms, count, skipped, duplicates, kept, floor_ms=floor,
+        return FireBatch(by_tag, self.fired_through_ms, count, skipped, duplicates, kept, floor_ms=floor,
                          dead_letters=letters, run_ats=run_ats)
 
     def fire_limit(self, now_ms: int) -> int:
@@ -629,9 +679,19 @@ class OwnedShard:
         k = max(slice_of(self.verified_through_ms + 1), slice_of(now_ms - self.verify_grace_ms) - 1)
         while k * SLICE_MS <= now_ms:
             if k not in self.verified_slices and now_ms <= slice_end(k) + self.verify_grace_ms:
-                return max(k * SLICE_MS - 1, self.wheel.fired_through_ms)
+                return max(k * SLICE_MS - 1, self.fired_through_ms)
             k += 1
         return now_ms
+
+    def next_due_ms(self) -> int | None:
+        """When the first entry held in `soon` falls due (None: none is held). Entries still
+        in the wheel fall due no earlier than the next tick, which fires them."""
+        return self.soon[0][0] if self.soon else None
+
+    @property
+    def waiting(self) -> int:
+        """Entries not fired yet: in the wheel, and held in `soon`."""
+        return len(self.wheel) + len(self.soon)
 
     def flushed(self, batch: FireBatch) -> None:
         """The queue acknowledged `batch`: move the flushed frontier and forget what is old."""

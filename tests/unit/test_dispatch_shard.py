@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from scheduler.dispatcher.rows import (
     SLICE_MS,
     Row,
@@ -79,6 +82,130 @@ def test_loaded_tasks_fire_at_their_time_never_before_and_carry_the_token() -> N
     assert decode_message(value).task.id == early.id and decode_message(value).fence == TOKEN
     assert fired_ids(state, T0 + 39_998) == []
     assert fired_ids(state, T0 + 40_099) == [late.id.bytes]
+
+
+def test_a_task_fires_at_its_own_millisecond_not_at_the_end_of_its_slot() -> None:
+    state = owned(start_ms=T0 - 1)
+    first, second, third = tasks_at(250, 250, 290)  # one slot of the wheel: T0 + 200 .. 299
+    load(state, [first, second, third])
+    verify_all(state, T0 + 1_000)
+
+    assert fired_ids(state, T0 + 200) == []  # the slot has begun: taken from the wheel and held, none due
+    assert state.waiting == 3 and state.next_due_ms() == T0 + 250
+    assert fired_ids(state, T0 + 249) == []
+    assert fired_ids(state, T0 + 250) == [first.id.bytes, second.id.bytes]  # equal times: in the order loaded
+    assert state.fired_through_ms == T0 + 250 == state.cursor_candidate()
+    assert fired_ids(state, T0 + 289) == []
+    assert fired_ids(state, T0 + 290) == [third.id.bytes]
+    assert state.waiting == 0 and state.next_due_ms() is None
+
+
+def test_a_held_task_waits_for_a_slice_being_verified_like_the_wheel() -> None:
+    state = owned(start_ms=T0 - 1)
+    [task] = tasks_at(1_050)
+    load(state, [task], read_started_ms=T0 - 60_000)
+    verify_all(state, T0 + 999)  # the slice of T0 + 1_000 .. 1_999 is not counted yet
+    assert fired_ids(state, T0 + 1_060) == []
+    assert state.fired_through_ms == T0 + 999 and state.next_due_ms() is None  # its slot stays in the wheel
+    verify_all(state, T0 + 1_999)
+    assert fired_ids(state, T0 + 1_061) == [task.id.bytes]
+
+
+def test_a_cancel_that_comes_while_its_task_is_held_keeps_it_from_firing() -> None:
+    state = owned()
+    kept, cancelled = tasks_at(250, 260)
+    load(state, [kept, cancelled])
+    verify_all(state, T0 + 1_000)
+    assert fired_ids(state, T0 + 210) == [] and state.waiting == 2  # both held
+    state.handed_cancel(cancelled.id.bytes, cancelled.run_at_ms)
+
+    batch = state.fire(T0 + 300)
+    assert batch.skipped_cancelled == 1
+    assert [decode_message(v).task.id for vs in batch.by_tag.values() for v in vs] == [kept.id]
+
+
+def test_a_task_handed_into_the_slot_under_way_waits_for_its_time_and_is_counted() -> None:
+    state = owned(start_ms=T0 - 1)
+    [loaded] = tasks_at(250)
+    load(state, [loaded])
+    verify_all(state, T0 + 1_000)
+    assert fired_ids(state, T0 + 210) == []
+    [handed] = tasks_at(230)
+    assert state.handed_task(handed)
+    assert state.handed_task(loaded)  # a second copy of a held row (a hand-off replayed)
+    keys = state.slice_keys(T0 // SLICE_MS)  # what a verify count expects
+    assert {(handed.run_at_ms, handed.id.bytes), (loaded.run_at_ms, loaded.id.bytes)} <= keys
+    assert state.cursor_candidate() == T0 + 210  # neither holds the cursor back: both are after it
+
+    assert fired_ids(state, T0 + 229) == []
+    assert fired_ids(state, T0 + 230) == [handed.id.bytes]
+    batch = state.fire(T0 + 260)
+    assert [decode_message(v).task.id for vs in batch.by_tag.values() for v in vs] == [loaded.id]
+    assert batch.duplicates == 1
+
+
+passes = st.tuples(st.just("pass"), st.integers(1, 150))
+handoffs = st.tuples(st.just("hand"), st.integers(0, 2_999))
+copies = st.tuples(st.just("copy"), st.integers(0, 9))
+cancels = st.tuples(st.just("cancel"), st.integers(0, 9))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2_999), min_size=1, max_size=10),
+       st.lists(st.one_of(passes, passes, handoffs, copies, cancels), max_size=80))
+def test_every_task_fires_once_at_the_first_pass_at_or_after_its_time_never_before(
+    loaded_at: list[int], steps: list[tuple[str, int]]
+) -> None:
+    state = owned()
+    loaded = tasks_at(*loaded_at)
+    load(state, loaded)
+    verify_all(state, T0 + 5_000)
+    now = T0 - 50
+    passes: list[int] = []
+    present: dict[bytes, tuple[int, int]] = {task.id.bytes: (task.run_at_ms, 0) for task in loaded}
+    """id -> (run_at, how many passes had been made when it reached the shard)."""
+    cancelled: dict[bytes, int] = {}
+    """id -> passes made when its cancel came."""
+    fired: dict[bytes, int] = {}
+
+    def fire_pass(at: int) -> None:
+        batch = state.fire(at)
+        state.flushed(batch)
+        passes.append(at)
+        assert batch.run_ats == sorted(batch.run_ats)  # in run_at order
+        for values in batch.by_tag.values():
+            for value in values:
+                task = decode_message(value).task
+                assert task.run_at_ms <= at, "fired before its time"
+                assert task.id.bytes not in fired, "fired twice"
+                fired[task.id.bytes] = at
+
+    for kind, value in steps:
+        if kind == "pass":
+            now += value
+            fire_pass(now)
+        elif kind == "hand":
+            [task] = tasks_at(value)
+            assert state.handed_task(task)
+            present[task.id.bytes] = (task.run_at_ms, len(passes))
+        elif kind == "copy":
+            task = loaded[value % len(loaded)]
+            state.handed_task(task)
+        else:
+            task_id = loaded[value % len(loaded)].id.bytes
+            state.handed_cancel(task_id, T0)
+            cancelled.setdefault(task_id, len(passes))
+    now = max(now, T0 + 3_000)
+    fire_pass(now)
+
+    for task_id, (run_at, reached) in present.items():
+        on_time = next(at for at in passes[reached:] if at >= run_at)
+        if task_id in cancelled and cancelled[task_id] < passes.index(on_time) + 1:
+            assert task_id not in fired
+        else:
+            assert fired.get(task_id) == on_time
+    assert set(fired) <= set(present)
+    assert state.waiting == 0
 
 
 def test_a_handed_off_cancel_keeps_a_loaded_task_from_firing() -> None:
@@ -370,7 +497,7 @@ def test_the_cursor_never_passes_a_batch_the_queue_has_not_acknowledged() -> Non
     verify_all(state, T0 + 9_999)
     assert fired_ids(state, T0 + 5_000) == []
     look_all(state, T0 + 7_000)
-    assert state.cursor_candidate() == T0 + 4_999
+    assert state.cursor_candidate() == T0 + 5_000  # fired through the moment of the pass
     [late] = tasks_at(2_500)  # a late load, a hand-off into the past: behind every frontier
     state.handed_task(late)
     assert state.cursor_candidate() == T0 + 2_499  # in the wheel, not fired: the cursor stays below it
@@ -380,7 +507,7 @@ def test_the_cursor_never_passes_a_batch_the_queue_has_not_acknowledged() -> Non
     look_all(state, T0 + 9_000)
     assert state.cursor_candidate() == T0 + 2_499  # later batches acknowledged; this one is not
     state.flushed(batch)
-    assert state.cursor_candidate() == T0 + 7_099
+    assert state.cursor_candidate() == T0 + 7_100
 
 
 def test_a_sweep_finds_a_row_written_into_the_past_and_fires_only_it() -> None:
