@@ -96,8 +96,12 @@ class Firing:
         suspended (the ticks retry those), or when nothing is held."""
         if self.pending or self.ctx.session is SessionState.SUSPENDED:
             return None
-        due = [at for at in (owned.next_due_ms() for owned in self.ctx.shards.values()) if at is not None]
-        return min(due, default=None)
+        first: int | None = None
+        for owned in self.ctx.shards.values():
+            at = owned.next_due_ms()
+            if at is not None and (first is None or at < first):
+                first = at
+        return first
 
     def _let_out(self, now: int) -> None:
         """Add what the gate lets out now to the batches to publish; the shards' wheel
