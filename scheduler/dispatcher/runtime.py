@@ -192,7 +192,13 @@ class Dispatcher:
     def _wait_ms(self, now: int) -> int:
         """How long the fire loop may sleep: until the next tick, or before it until a full
         rate window of the gate frees up, or until the first held entry falls due, but no
-        sooner than `fire_gap_ms` after the last pass (so a pass fires a batch, not a task)."""
+        sooner than `fire_gap_ms` after the last pass (so a pass fires a batch, not a task).
+        A wall clock stepped back by more than a tick starts the ticks again from now, so
+        the step does not hold the tick's work back for as long as the step."""
+        tick = self.config.tick_ms
+        if now < self._next_tick_ms - tick:
+            self._next_tick_ms = now - now % tick + tick
+            self._last_pass_ms = min(self._last_pass_ms, now)
         wake = self._next_tick_ms
         release_at = self.firing.release_at_ms
         if release_at is not None and now < release_at < wake:

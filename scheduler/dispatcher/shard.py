@@ -711,8 +711,11 @@ class OwnedShard:
 
     def unsettled_floor(self) -> int | None:
         """The earliest run_at of what was fired and not acknowledged, or waits to fire
-        behind the wheel's frontier, or waits to be dead-lettered; None if nothing does."""
-        floors = [floor for floor in (min(self.unacked, default=None), self.overdue_floor_ms) if floor is not None]
+        behind the wheel's frontier or in `soon`, or waits to be dead-lettered; None if
+        nothing does. (`soon` is after the frontier, unless the wall clock stepped back
+        while overdue entries were taken: then it holds the cursor back too.)"""
+        floors = [floor for floor in (min(self.unacked, default=None), self.overdue_floor_ms,
+                                      self.soon[0][0] if self.soon else None) if floor is not None]
         floors += [run_at for run_at, _, _ in self.dead]
         return min(floors, default=None)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.model import Task
+from scheduler.model import Task, encode_message
 from tests.dispatcher_rig import SESSION_S, SHARDS, ManualClock, Rig, SecondsClock, task_in
 from tests.tasks import NINE_OCLOCK_MS
 
@@ -104,3 +104,24 @@ def test_a_held_task_of_a_shard_whose_lease_ended_is_not_published(rig: Rig,
     rig.dispatcher._fire_held(rig.clock.now_ms)
     assert task.id not in rig.publisher.acked
     assert 1 not in rig.dispatcher.shards  # dropped, with what it held
+
+
+def test_a_wall_clock_stepped_back_does_not_hold_the_ticks_back(rig: Rig) -> None:
+    Loop(rig).run_until(T0 + 1_000)
+    dispatcher = rig.dispatcher
+    back = T0 - 30_000  # the wall clock steps back 31 s
+    wait = dispatcher._wait_ms(back)
+    assert 0 < wait <= dispatcher.config.tick_ms, wait  # the next tick, not 31 s away
+    rig.clock.now_ms = back + wait
+    dispatcher._pass()
+    assert dispatcher._next_tick_ms == back + wait + dispatcher.config.tick_ms  # that was a tick
+
+
+def test_a_task_held_behind_the_fired_point_after_a_clock_step_back_holds_the_cursor(rig: Rig) -> None:
+    Loop(rig).run_until(T0 + 1_500)
+    owned = rig.dispatcher.shards[1]
+    late = task_in(1, T0 + 1_400)  # a hand-off for a moment the shard has already fired through
+    owned._add(late.run_at_ms, 0, encode_message(late, 1))
+    owned.fire(T0 + 1_000)  # the wall clock stepped back 500 ms: not due yet by it, so held
+    assert [run_at for run_at, _, _ in owned.soon] == [late.run_at_ms]
+    assert owned.cursor_candidate() < late.run_at_ms
