@@ -35,7 +35,7 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
               envvar="SCHEDULER_TICK_MS", show_envvar=True,
               help="The fire loop's beat (hand-offs, reads, cursors) and the timing wheel's slot width. "
                    "Must divide 1000.")
-@click.option("--fire-gap-ms", "fire_gap_ms", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--fire-gap-ms", "fire_gap_ms", type=click.IntRange(1, 1000), default=15, show_default=True,
               envvar="SCHEDULER_FIRE_GAP_MS", show_envvar=True,
               help="Least time between two firing passes: tasks falling due within it are published as one batch, "
                    "so a task fires up to this late (plus the publish). At --tick-ms or more, tasks fire at the "

@@ -112,6 +112,7 @@ class Dispatcher:
         self._last_gauges_ms = 0
         self._next_tick_ms = 0
         self._last_pass_ms = 0
+        self._wheel_bytes_at = (0, 0, -1)
 
     @property
     def stats(self) -> Stats:
@@ -260,11 +261,22 @@ class Dispatcher:
             shards_held=len(shards),
             cursor_lag_max_ms=now - min(owned.persisted_ms for owned in shards) if shards else None,
             wheel_tasks=sum(owned.waiting for owned in shards),
-            wheel_bytes=sum(owned.wheel.nbytes for owned in shards),
+            wheel_bytes=self._wheel_bytes(now),
             gate_waiting=self.gate.waiting,
             unacknowledged_batches=len(self.firing.pending),
             handoff_lag_max_ms=self.intake.take_max_lag(),
         )
+
+    def _wheel_bytes(self, now: int) -> int:
+        """The wheels' bytes (a walk of every slot of every shard), measured again only
+        when the wheels' entries have changed or a second has passed: the gauges and the
+        stats file each ask once a second."""
+        waiting = sum(len(owned.wheel) for owned in self.ctx.shards.values())
+        at, held, value = self._wheel_bytes_at
+        if value < 0 or held != waiting or not 0 <= now - at < 1000:
+            value = sum(owned.wheel.nbytes for owned in self.ctx.shards.values())
+            self._wheel_bytes_at = (now, waiting, value)
+        return value
 
     def _write_stats(self, now: int) -> None:
         path = self.config.stats_path
@@ -287,7 +299,7 @@ class Dispatcher:
             "shards": sorted(shards),
             "tokens": {str(shard): owned.token for shard, owned in sorted(shards.items())},
             "waiting": sum(owned.waiting for owned in shards.values()),
-            "wheel_bytes": sum(owned.wheel.nbytes for owned in shards.values()),
+            "wheel_bytes": self._wheel_bytes(self.ctx.clock()),
             "seen_bytes": sum(owned.seen.nbytes for owned in shards.values()),
             "gate_waiting": self.gate.waiting,
             "tenants": self.gate.snapshot(),
