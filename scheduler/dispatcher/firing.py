@@ -15,6 +15,7 @@ its shards over.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from scheduler.dispatcher.context import DispatcherContext
@@ -44,6 +45,8 @@ class Firing:
         """When the gate can let the next task out, if that is before the next tick."""
         self.failed: str | None = None
         """Why the dispatcher gave up, if it did."""
+        self.send_ms = 0.0
+        """How long the last publish and flush took (wall clock)."""
         self.on_published: Callable[[list[list[bytes]], int], None] | None = None
         """Told of every message the queue acknowledged (`visible.DispatcherVisibility`)."""
 
@@ -141,9 +144,11 @@ class Firing:
                         by_topic.setdefault((self.topics[tag], batch.released_at_ms), []).extend(values)
                     if batch.dead_letters and dead_letter_topic is not None:
                         by_topic.setdefault((dead_letter_topic, None), []).extend(batch.dead_letters)
+                began = time.monotonic()
                 for (topic, stamp), values in by_topic.items():
                     self.publisher.publish(topic, values, stamp)
                 self.publisher.flush(ctx.config.flush_timeout_s)
+                self.send_ms = (time.monotonic() - began) * 1000
         except QueueError as exc:
             ctx.stats.publish_failures += 1
             now = ctx.clock()

@@ -206,8 +206,15 @@ class Dispatcher:
             wake = release_at
         due = self.firing.next_due_ms()
         if due is not None and due < wake:
-            wake = max(due, min(self._last_pass_ms + self.config.fire_gap_ms, wake))
+            wake = max(due, min(self._last_pass_ms + self._gap_ms(), wake))
         return max(wake - now, 0)
+
+    def _gap_ms(self) -> int:
+        """`fire_gap_ms`, or three times as long as the last publish and flush took if
+        that is more: when the machine or Kafka is busy, flushes slow down, and a pass
+        every gap would spend the fire loop's time waiting on them; then fewer, larger
+        passes keep the rate (at most one flush in three of the loop's time)."""
+        return max(self.config.fire_gap_ms, int(3 * self.firing.send_ms))
 
     def _pass(self) -> None:
         """One wake of the fire loop: the tick once its time has come, else a pass that

@@ -125,3 +125,16 @@ def test_a_task_held_behind_the_fired_point_after_a_clock_step_back_holds_the_cu
     owned.fire(T0 + 1_000)  # the wall clock stepped back 500 ms: not due yet by it, so held
     assert [run_at for run_at, _, _ in owned.soon] == [late.run_at_ms]
     assert owned.cursor_candidate() < late.run_at_ms
+
+
+def test_slow_flushes_space_the_passes_out(rig: Rig) -> None:
+    firing = rig.dispatcher.firing
+    firing.send_ms = 1.0  # an idle Kafka: the configured gap
+    assert rig.dispatcher._gap_ms() == GAP_MS
+    firing.send_ms = 30.0  # a busy one: a pass at most every three flushes' time
+    assert rig.dispatcher._gap_ms() == 90
+    rig.clock.now_ms = T0 + 1
+    rig.dispatcher.start_ticking(T0 + 1)
+    owned = rig.dispatcher.shards[1]
+    owned.soon.append((T0 + 5, 0, b""))  # held, due before the next tick
+    assert rig.dispatcher._wait_ms(T0 + 1) == 90  # not at T0 + 5, nor a gap after the last pass
