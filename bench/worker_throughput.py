@@ -91,7 +91,7 @@ from scheduler.model import BUCKET_MS, DEFAULT_MAX_ATTEMPTS, Priority, Task, Tas
 from scheduler.ports import Publisher, TaskStore
 from scheduler.settings import KafkaSettings
 
-TARGET_TASKS_PER_S = 10_000
+TARGET_TASKS_PER_S = 20_000
 """Per worker process, no-op handler, status reports on."""
 READY = "normal"
 """The ready topic the tasks go to (they are all of normal priority, as the SMS burst is)."""
