@@ -84,7 +84,9 @@ def test_flush_raises_when_the_broker_does_not_answer() -> None:
     publisher = KafkaPublisher(UNREACHABLE)
     try:
         publisher.publish(UNREACHABLE.ready_topic("high"), [b"one"])
-        with pytest.raises(QueueError, match=r"1 messages are still unacknowledged after 0.5 s .*127.0.0.1:1"):
+        # The count is librdkafka's queue: the message, and at times requests of its own
+        # (the producer id's) beside it, so not always 1.
+        with pytest.raises(QueueError, match=r"\d+ messages are still unacknowledged after 0.5 s .*127.0.0.1:1"):
             publisher.flush(0.5)
     finally:
         publisher.close()
