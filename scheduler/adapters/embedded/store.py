@@ -309,39 +309,32 @@ class SqliteTaskStore:
 
     def get_many(self, task_ids: Sequence[TaskId]) -> dict[TaskId, StoredTask]:
         wanted = {task_id.bytes: task_id for task_id in task_ids}
-        unique = list(wanted.values())
         found: dict[TaskId, StoredTask] = {}
-        for start in range(0, len(unique), GET_MANY_CHUNK):
-            chunk = unique[start:start + GET_MANY_CHUNK]
-            # A join on the ids' primary keys: one primary-key lookup per id, in one query.
-            keys = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-            rows = self._read(
-                f"WITH wanted (b, s, r, i) AS (VALUES {keys}) "
-                f"SELECT {_COLUMNS} FROM wanted CROSS JOIN tasks "
-                "ON minute_bucket = b AND shard = s AND run_at = r AND task_id = i",
-                [value for task_id in chunk for value in self._locate(task_id)],
-            )
-            for row in rows:
-                task_id = wanted[row[1]]
-                found[task_id] = _home_row(task_id, row)
+        for row in self._home_rows(_COLUMNS, wanted.values()):
+            task_id = wanted[row[1]]
+            found[task_id] = _home_row(task_id, row)
         return found
 
     def statuses(self, task_ids: Sequence[TaskId]) -> dict[TaskId, HomeStatus]:
         wanted = {task_id.bytes: task_id for task_id in task_ids}
-        unique = list(wanted.values())
-        found: dict[TaskId, HomeStatus] = {}
+        return {wanted[id_bytes]: HomeStatus(_STATUSES[status], status_attempt or 0)
+                for id_bytes, status, status_attempt in self._home_rows("task_id, status, status_attempt",
+                                                                        wanted.values())}
+
+    def _home_rows(self, columns: str, task_ids: Iterable[TaskId]) -> Iterator[Any]:
+        """`columns` of the home rows of `task_ids` (without repeats) that exist,
+        `GET_MANY_CHUNK` ids a query."""
+        unique = list(task_ids)
         for start in range(0, len(unique), GET_MANY_CHUNK):
             chunk = unique[start:start + GET_MANY_CHUNK]
+            # A join on the ids' primary keys: one primary-key lookup per id, in one query.
             keys = ", ".join(["(?, ?, ?, ?)"] * len(chunk))
-            rows = self._read(
+            yield from self._read(
                 f"WITH wanted (b, s, r, i) AS (VALUES {keys}) "
-                "SELECT task_id, status, status_attempt FROM wanted CROSS JOIN tasks "
+                f"SELECT {columns} FROM wanted CROSS JOIN tasks "
                 "ON minute_bucket = b AND shard = s AND run_at = r AND task_id = i",
                 [value for task_id in chunk for value in self._locate(task_id)],
             )
-            for id_bytes, status, status_attempt in rows:
-                found[wanted[id_bytes]] = HomeStatus(_STATUSES[status], status_attempt or 0)
-        return found
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         key = self._locate(task_id)
