@@ -199,6 +199,23 @@ class TaskStore(Protocol):
         shard that was never fired starts."""
         ...
 
+    @property
+    def retention_s(self) -> int:
+        """How long a partition's rows are kept after its minute (`scheduler.retention`),
+        as recorded in the store when it was opened."""
+        ...
+
+    def set_retention(self, seconds: int) -> None:
+        """Record a new retention (checked by `retention.check_retention`). Rows written
+        from then on by this store, and by processes that open the store after, get it;
+        rows already written keep theirs."""
+        ...
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Remove up to `limit` rows of partitions past their retention at `now_ms`;
+        return how many. Cassandra's TTLs remove them without a purge (0)."""
+        ...
+
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
         """Write `tasks`, each as one row of its partition, and return once every write
         was acknowledged durably, listing the groups that were not (empty on success).
