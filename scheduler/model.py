@@ -79,6 +79,11 @@ MAX_ATTEMPTS_LIMIT = 100
 """Most attempts a task may be given; keeps status write timestamps within a millisecond
 of the task's time (see `status_write_timestamp_us`)."""
 
+MAX_RETRY_DELAY_S = 7 * 86_400.0
+"""Longest wait before a retry: what a handler may ask for with `RetryableError(delay_s=...)`
+and the most a policy's backoff may be. A cancel is kept at least this long (plus a day)
+past its retention, so no retry it stops outlives it (`scheduler.retention`)."""
+
 MAX_COST = 1_000_000
 """Largest cost a task may have (units of its tenant's rate limit; see `Task.cost`)."""
 

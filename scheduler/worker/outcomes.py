@@ -32,7 +32,14 @@ from scheduler.visibility.history import AttemptRecord
 from scheduler.worker import dead_letters
 from scheduler.worker.context import EffectBusy
 from scheduler.worker.job import Job
-from scheduler.worker.policy import Policy, RetryableError, attempts_allowed, backoff_s, is_permanent
+from scheduler.worker.policy import (
+    MAX_RETRY_DELAY_S,
+    Policy,
+    RetryableError,
+    attempts_allowed,
+    backoff_s,
+    is_permanent,
+)
 from scheduler.worker.settle import Plan
 from scheduler.worker.stats import WorkerStats
 from scheduler.worker.visible import WorkerVisibility
@@ -153,8 +160,6 @@ class Outcomes:
                              self._member, outcome, None if error is None else dead_letters.bounded(error)).encode()
 
 
-MAX_RETRY_DELAY_S = 7 * 86_400.0
-"""Longest wait a handler may ask for with `RetryableError(delay_s=...)`."""
 
 
 def retry_delay_s(error: BaseException, failed_attempt: int, policy: Policy) -> float:

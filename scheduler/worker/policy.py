@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from scheduler.errors import ConfigError
+from scheduler.model import MAX_RETRY_DELAY_S
 
 Jitter = Literal["full", "none"]
 POOLS = ("default", "long")
@@ -71,6 +72,10 @@ class Policy:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int | float) or value <= 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        for name in ("backoff_base_s", "backoff_cap_s"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_RETRY_DELAY_S:
+                raise ConfigError(f"{name} may be at most {MAX_RETRY_DELAY_S:.0f} s (7 days), got {value!r}")
         if self.jitter is not None and self.jitter not in ("full", "none"):
             raise ConfigError(f"jitter must be 'full' or 'none', got {self.jitter!r}")
         if self.pool is not None and self.pool not in POOLS:
