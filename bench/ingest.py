@@ -79,6 +79,7 @@ from scheduler.adapters.embedded.store import SqliteTaskStore, open_raw_task_fil
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.model import BUCKET_MS, DEFAULT_MAX_ATTEMPTS, Priority, TaskId, encode_payload, from_ms
 from scheduler.producer import DEFAULT_CHUNK_SIZE, Client, Submission, SubmitReport
+from scheduler.retention import DEFAULT_RETENTION_S, ttl_s
 from scheduler.settings import CassandraSettings
 
 BACKENDS = ("embedded", "cassandra")
@@ -168,12 +169,14 @@ def raw_rows(workload: Workload, count: int, seed: int, shard_count: int, *, sql
     the driver, as 16 bytes for SQLite."""
     rows = []
     normal = Priority.NORMAL.code
+    # Cassandra's rows carry the partition's TTL (the default retention), as the store's do.
+    ttl = () if sqlite else (ttl_s(workload.bucket_ms, DEFAULT_RETENTION_S, time.time_ns() // 1_000_000),)
     for run_at_ms, tenant, payload in workload.records(count, seed):
         task_id = TaskId.new(run_at_ms)
         key = task_id.bytes if sqlite else task_id.uuid
         no_key = None if sqlite else UNSET_VALUE  # unset, not null: a bound null is a tombstone
         rows.append((workload.bucket_ms, task_id.shard(shard_count), run_at_ms, key, tenant, TASK_TYPE, normal,
-                     encode_payload(payload), 1, DEFAULT_MAX_ATTEMPTS, no_key, 1))  # attempt 1, ..., cost 1
+                     encode_payload(payload), 1, DEFAULT_MAX_ATTEMPTS, no_key, 1, *ttl))  # attempt 1, ..., cost 1
     return rows
 
 

@@ -1,20 +1,24 @@
 """How long a task's rows are kept: one rule for both backends.
 
-A task's rows (its home row with its status and history, and the rows of its retries)
-expire `retention` after the end of the minute they are stored in: a partition
-`(minute_bucket, shard)` expires whole, at `minute_bucket + 1 min + retention`. The
-rule needs no scan and no delete on Cassandra, where every write into the partition
-carries the TTL that ends at that moment (`ttl_s`), so whole SSTables age out together;
-the embedded store deletes the partitions past it a bounded number of rows at a time.
+Every write into a task's partition `(minute_bucket, shard)` keeps what it writes until
+`max(end of the minute, now) + retention` (`kept_until_ms`): a task submitted before its
+minute, fired and finished within it, is kept until its minute plus the retention, with
+every cell of the partition ending together; a write after the minute (a task submitted
+late, a status reported late) keeps its cells the retention from that write. Nothing is
+scanned and nothing deleted on Cassandra, where each write carries the TTL that ends
+then (`ttl_s`) and whole SSTables age out together; the embedded store deletes rows past
+their `kept_until` a bounded number at a time.
 
-Why the task's minute and not the moment it finished: the finish is known only to the
-worker's status write, which cannot give the payload cells written at submit a new
-TTL without writing them again. The minute is known to every writer, so every cell of
-a partition ends together. A task far in the future therefore keeps its rows until
-its minute plus the retention; a task that finished late (retries for days) keeps them
-less long after finishing. A task that never fired by then (a dispatcher outage longer
-than the retention) is gone too: the retention bounds the outage the store outlives,
-hence the minimum and the default of days.
+Why the minute and not the moment a task finished: the finish is known only to the
+worker's status write, which cannot give the payload cells written at submit a new TTL
+without writing them again. So a task far in the future keeps its rows until its minute
+plus the retention; a task that never fired by then (an outage longer than the
+retention) is removed too, which is why the default is days.
+
+One write is kept longer: a cancel writes the task's row again with at least
+`CANCEL_KEPT_S`, the longest a retry may wait plus a day. A retry scheduled before the
+cancel then always finds the cancel in the home row, whatever the retention; without
+it, a retention shorter than a retry's wait would let a cancelled task run again.
 
 The retention is recorded in the store (`scheduler retention set`), so every process
 writing a partition gives it the same end; a process reads it when it opens the store.
@@ -23,9 +27,10 @@ writing a partition gives it the same end; a process reads it when it opens the 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 from scheduler.errors import ConfigError
-from scheduler.model import BUCKET_MS, TaskId, minute_bucket
+from scheduler.model import BUCKET_MS, MAX_RETRY_DELAY_S, TaskId, minute_bucket
 
 DEFAULT_RETENTION_S = 7 * 86_400
 MIN_RETENTION_S = 60
@@ -38,7 +43,10 @@ LAST_EXPIRY_S = 2**31 - 1 - 86_400
 compatibility mode stores expiry times as 32-bit seconds (2038-01-19), and rejects a
 write past them. A day short of it, for clock skew between client and server. A write
 that would expire later carries no TTL at all: a task due after about 2038 is kept
-until deleted, never refused and never cut short."""
+with no expiry, never refused and never cut short."""
+
+CANCEL_KEPT_S = int(MAX_RETRY_DELAY_S) + 86_400
+"""Least a cancel keeps the task's row: the longest wait of a retry it stops, plus a day."""
 
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
@@ -82,20 +90,44 @@ def describe(seconds: int) -> str:
 
 
 def expires_ms(bucket_ms: int, retention_s: int) -> int:
-    """When the partition of minute `bucket_ms` expires, with everything in it."""
+    """When the rows of the partition of minute `bucket_ms` written within its minute
+    expire (later writes keep theirs longer: `kept_until_ms`)."""
     return bucket_ms + BUCKET_MS + retention_s * 1000
 
 
 def task_expires_ms(task_id: TaskId, retention_s: int) -> int:
-    """When the home row of `task_id` expires (its id carries its minute)."""
+    """When the home row of `task_id` expires if it was written and ended within its
+    minute (its id carries its minute)."""
     return expires_ms(minute_bucket(task_id.run_at_ms), retention_s)
 
 
-def ttl_s(bucket_ms: int, retention_s: int, now_ms: int) -> int:
-    """The TTL of a write into the partition of minute `bucket_ms` at `now_ms`: the
-    seconds left until the partition expires, rounded up, at least 1 (a TTL of 0 means
-    none). 0, no TTL, if the partition would expire after `LAST_EXPIRY_S`."""
-    end = expires_ms(bucket_ms, retention_s)
+def kept_until_ms(bucket_ms: int, retention_s: int, now_ms: int, *, floor_s: int = 0) -> int:
+    """Until when a write at `now_ms` into the partition of minute `bucket_ms` keeps what
+    it writes: the later of the minute's end and now, plus the retention, and at least
+    `floor_s` from now."""
+    return max(max(bucket_ms + BUCKET_MS, now_ms) + retention_s * 1000, now_ms + floor_s * 1000)
+
+
+def ttl_s(bucket_ms: int, retention_s: int, now_ms: int, *, floor_s: int = 0) -> int:
+    """The Cassandra TTL of that write: the seconds until `kept_until_ms`, rounded up
+    (never 0, which means none). 0, no TTL, if it would end after `LAST_EXPIRY_S`."""
+    end = kept_until_ms(bucket_ms, retention_s, now_ms, floor_s=floor_s)
     if end > LAST_EXPIRY_S * 1000:
         return 0
     return max(1, -(-(end - now_ms) // 1000))
+
+
+def missing_task(task_id: TaskId, retention_s: int, now_ms: int) -> str:
+    """What to tell someone who asked for a task the store does not have: past the
+    retention, that it would have expired (an id says when its task was due, not that
+    it was ever stored)."""
+    expiry = task_expires_ms(task_id, retention_s)
+    if now_ms < expiry:
+        return f"no task with id {task_id}"
+    return (f"no task with id {task_id}: it was due at {_iso(task_id.run_at_ms)}, and a task is kept for the "
+            f"retention ({describe(retention_s)}) after its minute and its last report, so if it existed it has "
+            f"expired (at {_iso(expiry)} if it ran on time)")
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

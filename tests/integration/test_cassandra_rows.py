@@ -11,7 +11,9 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStat
 from hypothesis import given
 from hypothesis import strategies as st
 
+from scheduler import retention
 from scheduler.adapters.cassandra import rows
+from scheduler.adapters.cassandra import store as store_module
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.adapters.cassandra.queries import named_queries
 from scheduler.adapters.cassandra.store import (
@@ -41,11 +43,12 @@ def test_packed_rows_equal_the_drivers_binding(cassandra: CassandraConnection, k
         bound = insert.bind((
             task.minute_bucket, shard, task.run_at_ms, task.id.uuid, task.tenant, task.type, task.priority.code,
             task.payload, task.attempt, task.max_attempts, task.idempotency_key if task.idempotency_key else UNSET_VALUE,
-            task.cost,
+            task.cost, 604_860,
         ))
-        packed = rows.row_values(task, rows.partition_key(task.minute_bucket, shard))
+        ttl = rows.packed_ttl(604_860)
+        packed = rows.row_values(task, rows.partition_key(task.minute_bucket, shard), ttl)
         assert packed == bound.values
-        batch = rows.insert_batch(insert, keyspace.keyspace, rows.partition_key(task.minute_bucket, shard), [task])
+        batch = rows.insert_batch(insert, keyspace.keyspace, rows.partition_key(task.minute_bucket, shard), [task], ttl)
         assert batch.routing_key == bound.routing_key
 
 
@@ -71,13 +74,13 @@ def _reports() -> list[StatusReport]:
     ]
 
 
-def _drivers_binding(set_status: PreparedStatement, report: StatusReport) -> Statement:
+def _drivers_binding(set_status: PreparedStatement, report: StatusReport, ttl: int = 3_600) -> Statement:
     """`report` bound the way the store did before it packed status rows itself: the
     driver's `bind` of datetimes, a `UUID` and text (the history cell unset without a record)."""
     task_id = report.task_id
     run_at = task_id.run_at_ms
     bound: Statement = set_status.bind((
-        status_write_timestamp_us(task_id, report.attempt, report.status), report.status.value, report.attempt,
+        status_write_timestamp_us(task_id, report.attempt, report.status), ttl, report.status.value, report.attempt,
         bounded_error(report.error) or "", report.attempt, UNSET_VALUE if report.record is None else report.record,
         from_ms(minute_bucket(run_at)), task_id.shard(64), from_ms(run_at), task_id.uuid,
     ))
@@ -94,7 +97,8 @@ def test_packed_status_rows_equal_the_drivers_binding(
         bound = _drivers_binding(set_status, report)
         key = rows.partition_key(minute_bucket(task_id.run_at_ms), task_id.shard(64))
         packed = rows.status_values(
-            key, task_id, status_write_timestamp_us(task_id, report.attempt, report.status), report.status,
+            key, task_id, status_write_timestamp_us(task_id, report.attempt, report.status), rows.packed_ttl(3_600),
+            report.status,
             report.attempt, bounded_error(report.error) or "", report.record,
         )
         assert packed == bound.values
@@ -106,7 +110,7 @@ def test_status_batches_equal_the_drivers(
 ) -> None:
     """`record_status` builds, batch for batch, what adding the driver's bound statements
     to a batch gives: the same rows in the same order, routing, keyspace and type, the
-    partitions' reports cut into batches of `batch_rows`; a cancel's single statement too."""
+    partitions' reports cut into batches of `batch_rows`."""
     store = CassandraTaskStore.open(keyspace, batch_rows=3)
     try:
         set_status = store._q["set_status"]
@@ -118,6 +122,12 @@ def test_status_batches_equal_the_drivers(
             return []
 
         monkeypatch.setattr(store, "_run_all", capture)
+        now_ms = NINE_OCLOCK_MS - 3_600_000
+        monkeypatch.setattr(store_module, "_now_ms", lambda: now_ms)
+
+        def ttl(report: StatusReport) -> int:
+            return retention.ttl_s(minute_bucket(report.task_id.run_at_ms), store.retention_s, now_ms)
+
         store.record_status(reports)
         groups: dict[tuple[int, int], list[StatusReport]] = {}
         for report in reports:
@@ -128,7 +138,7 @@ def test_status_batches_equal_the_drivers(
             for start in range(0, len(group), 3):
                 batch = BatchStatement(batch_type=BatchType.UNLOGGED)
                 for report in group[start:start + 3]:
-                    batch.add(_drivers_binding(set_status, report))
+                    batch.add(_drivers_binding(set_status, report, ttl(report)))
                 expected.append(batch)
         assert len(sent) == len(expected) > len(groups)
         for built, wanted in zip(sent, expected, strict=True):
@@ -137,9 +147,6 @@ def test_status_batches_equal_the_drivers(
             assert (built.routing_key, built.keyspace, built.batch_type) == (
                 wanted.routing_key, wanted.keyspace, wanted.batch_type
             )
-        cancel = StatusReport(reports[0].task_id, 3, TaskStatus.CANCELLED)
-        single, bound = store._status_statement(cancel), _drivers_binding(set_status, cancel)
-        assert (single.values, single.routing_key, single.keyspace) == (bound.values, bound.routing_key, bound.keyspace)
     finally:
         store.close()
 

@@ -50,12 +50,14 @@ INSERT_COLUMNS = (
     ("max_attempts", "int"),
     ("idempotency_key", "varchar"),
     ("cost", "int"),
+    ("[ttl]", "int"),  # USING TTL ?, in s: the partition's (scheduler.retention.ttl_s)
 )
 """The bound columns of `insert_task`, in order, with the CQL type each is packed as
 (the driver names `text` by its alias `varchar`)."""
 
 STATUS_COLUMNS = (
     ("[timestamp]", "bigint"),  # USING TIMESTAMP ?, in µs
+    ("[ttl]", "int"),  # AND TTL ?, in s
     ("status", "varchar"),
     ("status_attempt", "int"),
     ("last_error", "varchar"),
@@ -101,8 +103,9 @@ def partition_key(bucket_ms: int, shard: int) -> tuple[bytes, bytes]:
     return _INT64(bucket_ms), _INT16(shard)
 
 
-def row_values(task: Task, key: tuple[bytes, bytes]) -> list[object]:
-    """The serialised values of `task`'s row in the partition whose key is `key`.
+def row_values(task: Task, key: tuple[bytes, bytes], ttl: bytes) -> list[object]:
+    """The serialised values of `task`'s row in the partition whose key is `key`, written
+    with the TTL `ttl` (`packed_ttl`: the partition's, the same for all its rows).
 
     A task without an idempotency key leaves that column unset rather than null: a
     bound null is a tombstone per row, which the dispatcher's reads would wade through.
@@ -113,32 +116,40 @@ def row_values(task: Task, key: tuple[bytes, bytes]) -> list[object]:
     return [
         key[0], key[1], _INT64(task.run_at_ms), task.id.bytes, task.tenant.encode(), task.type.encode(),
         _TINY[task.priority.code], task.payload, _INT32(task.attempt), _INT32(task.max_attempts),
-        idempotency_key.encode() if idempotency_key is not None else UNSET_VALUE, _INT32(task.cost),
+        idempotency_key.encode() if idempotency_key is not None else UNSET_VALUE, _INT32(task.cost), ttl,
     ]
 
 
+def packed_ttl(seconds: int) -> bytes:
+    """A TTL as bound: seconds, 0 for none."""
+    return _INT32(seconds)
+
+
 def status_values(
-    key: tuple[bytes, bytes], task_id: TaskId, write_timestamp_us: int, status: TaskStatus, attempt: int, error: str,
-    record: str | None = None,
+    key: tuple[bytes, bytes], task_id: TaskId, write_timestamp_us: int, ttl: bytes, status: TaskStatus, attempt: int,
+    error: str, record: str | None = None,
 ) -> list[object]:
     """The serialised values of `set_status` on `task_id`'s home row, in the partition
-    whose key is `key`: the write timestamp, the status, its attempt and its error text
-    (the caller's choices: see `store.status_write_timestamp_us` and `bounded_error`),
-    and the attempt's history record, unset when there is none."""
+    whose key is `key`: the write timestamp and TTL, the status, its attempt and its
+    error text (the caller's choices: see `store.status_write_timestamp_us`,
+    `packed_ttl` and `bounded_error`), and the attempt's history record, unset when
+    there is none."""
     packed_attempt = _INT32(attempt)
     return [
-        _INT64(write_timestamp_us), _STATUS_TEXT[status._value_], packed_attempt, error.encode(),
+        _INT64(write_timestamp_us), ttl, _STATUS_TEXT[status._value_], packed_attempt, error.encode(),
         packed_attempt, UNSET_VALUE if record is None else record.encode(),
         key[0], key[1], _INT64(task_id.run_at_ms), task_id.value.to_bytes(16),
     ]
 
 
 def insert_batch(
-    insert: PreparedStatement, keyspace: str, key: tuple[bytes, bytes], tasks: Sequence[Task], *, unlogged: bool = True
+    insert: PreparedStatement, keyspace: str, key: tuple[bytes, bytes], tasks: Sequence[Task], ttl: bytes, *,
+    unlogged: bool = True,
 ) -> BatchStatement:
-    """One single-partition batch inserting `tasks`, routed to the partition's replicas."""
+    """One single-partition batch inserting `tasks` with the TTL `ttl`, routed to the
+    partition's replicas."""
     batch = partition_batch(keyspace, key, unlogged=unlogged)
-    add_rows(batch, insert, (row_values(task, key) for task in tasks))
+    add_rows(batch, insert, (row_values(task, key, ttl) for task in tasks))
     return batch
 
 

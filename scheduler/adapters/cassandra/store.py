@@ -59,11 +59,12 @@ from cassandra.query import (
     BatchType,
     BoundStatement,
     PreparedStatement,
+    SimpleStatement,
     Statement,
     tuple_factory,
 )
 
-from scheduler import cancels
+from scheduler import cancels, retention
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
 from scheduler.adapters.cassandra.queries import named_queries
@@ -167,6 +168,7 @@ class CassandraTaskStore:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_reads_in_flight: int = DEFAULT_MAX_READS_IN_FLIGHT,
         owns_connection: bool = False,
+        retention_s: int = retention.DEFAULT_RETENTION_S,
     ) -> None:
         if batch_rows < 1 or max_in_flight < 1 or max_reads_in_flight < 1:
             raise ValueError("batch_rows, max_in_flight and max_reads_in_flight must be positive")
@@ -175,6 +177,7 @@ class CassandraTaskStore:
         self._owns_connection = owns_connection
         self.keyspace = keyspace
         self._shard_count = shard_count
+        self._retention_s = retention.check_retention(retention_s)
         self._batch_rows = batch_rows
         self._slots = threading.BoundedSemaphore(max_in_flight)
         self._read_slots = threading.BoundedSemaphore(max_reads_in_flight)
@@ -203,6 +206,7 @@ class CassandraTaskStore:
                 raise SchemaConflict(
                     f"keyspace {settings.keyspace!r} was created with {recorded} shards, not {settings.shard_count}"
                 )
+            options.setdefault("retention_s", recorded_retention_s(connection, settings.keyspace))
             store = cls(connection, settings.keyspace, recorded, owns_connection=True, **options)
             store._created_ms = recorded_created_ms(connection, settings.keyspace)
             return store
@@ -223,6 +227,24 @@ class CassandraTaskStore:
     def created_ms(self) -> int | None:
         return self._created_ms
 
+    @property
+    def retention_s(self) -> int:
+        return self._retention_s
+
+    def set_retention(self, seconds: int) -> None:
+        retention.check_retention(seconds)
+        # A whole number of seconds, checked above: safe to write into the statement.
+        self._execute(SimpleStatement(f"INSERT INTO {self.keyspace}.meta (name, value) "
+                                      f"VALUES ('retention_s', '{int(seconds)}')"))
+        self._retention_s = seconds
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        return 0  # every write into a partition carries the TTL that ends with it
+
+    def _ttl(self, bucket_ms: int, now_ms: int) -> bytes:
+        """The packed TTL of a write at `now_ms` into a partition of minute `bucket_ms`."""
+        return rows.packed_ttl(retention.ttl_s(bucket_ms, self._retention_s, now_ms))
+
     # Writes on the submit path.
 
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
@@ -232,14 +254,16 @@ class CassandraTaskStore:
             groups[(minute_bucket(task.run_at_ms), task.id.shard(shard_count))].append(task)
         insert = self._q["insert_task"]
         step = self._batch_rows
+        now_ms = _now_ms()
 
         def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
             for (bucket, shard), group in groups.items():
                 key = rows.partition_key(bucket, shard)
+                ttl = self._ttl(bucket, now_ms)
                 size = -(-len(group) // -(-len(group) // step))  # even batches: 260 rows go as 130 + 130
                 for start in range(0, len(group), size):
                     chunk = group[start:start + size]
-                    yield rows.insert_batch(insert, self.keyspace, key, chunk), chunk
+                    yield rows.insert_batch(insert, self.keyspace, key, chunk, ttl), chunk
 
         return self._run_all(batches())
 
@@ -424,7 +448,7 @@ class CassandraTaskStore:
         if refusal is not None:
             return refusal
         assert found is not None  # a missing task is refused above
-        self._execute(self._status_statement(StatusReport(task_id, found.latest_attempt, TaskStatus.CANCELLED)))
+        self._execute(self._cancel_batch(found))
         # The read and the write are not one step: a `done` reported in between outranks
         # the cancel (see TaskStatus.rank). Read again to answer what the row now says.
         after = self.get(task_id)
@@ -453,12 +477,19 @@ class CassandraTaskStore:
                   if n is not None}
         return CancelMarks(at, counts)
 
-    def _status_statement(self, report: StatusReport) -> Statement:
-        task_id = report.task_id
-        key = rows.partition_key(minute_bucket(task_id.run_at_ms), task_id.shard(self._shard_count))
-        statement = BoundStatement(self._q["set_status"])  # values serialised here, as the driver's bind would
-        statement.values = _status_values(key, report)
-        return statement
+    def _cancel_batch(self, found: StoredTask) -> BatchStatement:
+        """The cancel of `found` at its latest attempt, with its row written again (status
+        columns aside), both kept at least `retention.CANCEL_KEPT_S`: a row whose other
+        cells expired would hold only the status, which the home-row check does not
+        count as a task, and a retry waiting past the retention would run."""
+        task = found.task
+        bucket = minute_bucket(task.id.run_at_ms)
+        key = rows.partition_key(bucket, task.id.shard(self._shard_count))
+        ttl = rows.packed_ttl(retention.ttl_s(bucket, self._retention_s, _now_ms(), floor_s=retention.CANCEL_KEPT_S))
+        report = StatusReport(task.id, found.latest_attempt, TaskStatus.CANCELLED)
+        batch = rows.insert_batch(self._q["insert_task"], self.keyspace, key, [task], ttl)
+        rows.add_rows(batch, self._q["set_status"], [_status_values(key, ttl, report)])
+        return batch
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         by_partition: dict[tuple[int, int], list[StatusReport]] = defaultdict(list)
@@ -468,14 +499,17 @@ class CassandraTaskStore:
             by_partition[(minute_bucket(task_id.run_at_ms), task_id.shard(shard_count))].append(report)
         set_status = self._q["set_status"]
         step = self._batch_rows
+        now_ms = _now_ms()
 
         def batches() -> Iterator[tuple[Statement, Sequence[Task]]]:
             for (bucket, shard), group in by_partition.items():
                 key = rows.partition_key(bucket, shard)
+                ttl = self._ttl(bucket, now_ms)
                 for start in range(0, len(group), step):
                     # Values serialised here, as the driver's bind would (see rows.py).
                     batch = rows.partition_batch(self.keyspace, key)
-                    rows.add_rows(batch, set_status, [_status_values(key, report) for report in group[start:start + step]])
+                    rows.add_rows(batch, set_status,
+                                  [_status_values(key, ttl, report) for report in group[start:start + step]])
                     yield batch, ()
 
         failures = self._run_all(batches())
@@ -520,9 +554,13 @@ class CassandraTaskStore:
         key = rows.partition_key(partition.minute_bucket, partition.shard)
 
         def attempt(condition: str, values: tuple[object, ...]) -> Any:
+            # The fence and the rows end with the partition (a fence gone before its rows
+            # would let a stale owner write there again).
+            ttl_s = retention.ttl_s(partition.minute_bucket, self._retention_s, _now_ms())
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-            batch.add(self._q[condition], values)
-            rows.add_rows(batch, self._q["insert_task"], (rows.row_values(task, key) for task in tasks))
+            batch.add(self._q[condition], (ttl_s, *values))
+            ttl = rows.packed_ttl(ttl_s)
+            rows.add_rows(batch, self._q["insert_task"], (rows.row_values(task, key, ttl) for task in tasks))
             return self._execute(batch)
 
         for _ in range(_CONDITION_ROUNDS):
@@ -576,13 +614,26 @@ def recorded_created_ms(connection: CassandraConnection, keyspace: str) -> int |
     return int(row.value) if row is not None else None
 
 
-def _status_values(key: tuple[bytes, bytes], report: StatusReport) -> list[object]:
+def recorded_retention_s(connection: CassandraConnection, keyspace: str) -> int:
+    """The retention `scheduler retention set` recorded in `keyspace`, else the default."""
+    try:
+        row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'retention_s'").one()
+    except DRIVER_ERRORS as exc:
+        raise StoreError(f"reading keyspace {keyspace!r}'s retention failed: {_describe(exc)}") from exc
+    return retention.DEFAULT_RETENTION_S if row is None else int(row.value)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _status_values(key: tuple[bytes, bytes], ttl: bytes, report: StatusReport) -> list[object]:
     """The serialised `set_status` values of `report`, on its task's home row in the
-    partition whose key is `key`."""
+    partition whose key is `key`, with the partition's TTL `ttl`."""
     task_id, attempt, status = report.task_id, report.attempt, report.status
     error = bounded_error(report.error) or ""  # '' rather than a tombstone: see the module's docstring
-    return rows.status_values(key, task_id, status_write_timestamp_us(task_id, attempt, status), status, attempt, error,
-                              report.record)
+    return rows.status_values(key, task_id, status_write_timestamp_us(task_id, attempt, status), ttl, status, attempt,
+                              error, report.record)
 
 
 def _tuple_profile(connection: CassandraConnection) -> Any:
