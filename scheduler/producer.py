@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from scheduler import cancels
+from scheduler import cancels, retention
 from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
 from scheduler.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -527,6 +527,13 @@ class Client:
         if stored is None or (tenant is not None and stored.task.tenant != tenant):
             return None
         return stored
+
+    def expired(self, task_id: TaskId | str) -> bool:
+        """Whether a task with this id would be past the store's retention (its minute
+        plus `store.retention_s`): `get` answers None for it, whether or not it existed.
+        `scheduler.retention.missing_task` words that for a person."""
+        parsed = TaskId.parse(task_id) if isinstance(task_id, str) else task_id
+        return time.time_ns() // 1_000_000 >= retention.task_expires_ms(parsed, self.store.retention_s)
 
     def cancel(self, task_id: TaskId | str, tenant: str | None = None) -> CancelOutcome:
         """Cancel a task that has not finished. Only the task's tenant can: for another

@@ -8,6 +8,7 @@ and `main`, which turns the scheduler's errors into exit codes.
     worker.py        worker
     dead_letters.py  dlq list|replay
     limits.py        limits set|show|reset
+    retention.py     retention show|set
     schedules.py     schedule add|list|pause|resume|delete|preview
     workflows.py     workflow submit|show|cancel
     status.py        status
@@ -31,6 +32,7 @@ from scheduler.cli import (
     demo,
     dispatcher,
     limits,
+    retention,
     schedules,
     schema,
     status,
@@ -61,7 +63,7 @@ def cli() -> None:
 
 
 for command in (schema.schema, tasks.submit, tasks.get, tasks.cancel, dispatcher.dispatcher, worker.worker,
-                dead_letters.dlq, limits.limits, schedules.schedule, workflows.workflow, status.status, ui.ui,
+                dead_letters.dlq, limits.limits, retention.retention, schedules.schedule, workflows.workflow, status.status, ui.ui,
                 demo.demo):
     cli.add_command(command)
 

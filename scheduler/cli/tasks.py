@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from typing import Any, TextIO
 
 import click
 
+from scheduler import retention
 from scheduler.cli.options import (
     Exit,
     open_client,
@@ -161,8 +163,9 @@ def get(task_id: str, as_json: bool, history: bool, tenant: str | None, backend:
     with open_store(backend, db, **cassandra) as store:
         stored = Client(store).get(parsed, tenant=tenant or None)
         records = store.attempts(parsed) if history and stored is not None else {}
+        retention_s = store.retention_s
     if stored is None:
-        click.echo(f"no task with id {parsed}", err=True)
+        click.echo(retention.missing_task(parsed, retention_s, time.time_ns() // 1_000_000), err=True)
         raise click.exceptions.Exit(Exit.FAILURE)
     fields = describe(stored)
     attempts = [AttemptRecord.decode(attempt, text) for attempt, text in sorted(records.items())]
@@ -203,8 +206,11 @@ def cancel(task_id: str, tenant: str, backend: str, db: Path, **cassandra: Any) 
     parsed = TaskId.parse(task_id)  # before anything is opened: a bad id creates no file
     with open_client(backend, db, **cassandra) as client:
         outcome = client.cancel(parsed, tenant)
+        retention_s = client.store.retention_s
     click.echo(f"{task_id}: {outcome.value}")
     if outcome is CancelOutcome.NOT_FOUND:
+        if client.expired(parsed):
+            click.echo(retention.missing_task(parsed, retention_s, time.time_ns() // 1_000_000), err=True)
         raise click.exceptions.Exit(Exit.FAILURE)
     if outcome is CancelOutcome.FINISHED:
         raise click.exceptions.Exit(Exit.CONFLICT)

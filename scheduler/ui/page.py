@@ -29,12 +29,14 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
+from scheduler import retention
 from scheduler.errors import InvalidTask, SchedulerError
 from scheduler.model import TaskId, decode_payload
 from scheduler.visibility.counts import STATES
@@ -130,7 +132,8 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
             return render_template("task.html", raw=raw, error=str(exc), stored=None, payload=None, history=[]), 400
         stored, history = source.task(task_id)
         if stored is None:
-            return render_template("task.html", raw=raw, error=f"no task with id {task_id}", stored=None,
+            missing = retention.missing_task(task_id, source.store.retention_s, time.time_ns() // 1_000_000)
+            return render_template("task.html", raw=raw, error=missing, stored=None,
                                    payload=None, history=[]), 404
         try:
             payload = repr(decode_payload(stored.task.payload))
