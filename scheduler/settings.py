@@ -103,6 +103,15 @@ READY_PARTITIONS = 8
 """Partitions of each ready topic (and, on Kafka, of the dead-letter topic) unless the
 deployment says otherwise: what a worker pool's members share out."""
 
+QUEUE_RETENTION_MS = 7 * 86_400_000
+"""How long the ready and hand-off topics keep a message (Kafka's `retention.ms`, set
+when the topic is made): a message is consumed within seconds, so this is the longest
+the workers, or the dispatchers, may all be down before waiting messages are lost."""
+
+DEAD_LETTER_RETENTION_MS = 30 * 86_400_000
+"""How long the dead-letter topic keeps a letter: a person reads and replays them, so
+longer than the queues, and a month is what an operator's weekly review can miss twice."""
+
 
 @dataclass(frozen=True)
 class KafkaSettings:

@@ -9,13 +9,13 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from scheduler.adapters.kafka.handoff import KafkaHandoffLog, KafkaHandoffReader
 from scheduler.adapters.kafka.publisher import KafkaPublisher
 from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
-from scheduler.settings import READY_TOPICS, KafkaSettings
+from scheduler.settings import DEAD_LETTER_RETENTION_MS, QUEUE_RETENTION_MS, READY_TOPICS, KafkaSettings
 from tests.cluster import Cluster, unique_name
 
 UNREACHABLE = KafkaSettings(bootstrap="127.0.0.1:1", connect_timeout_s=1.0)
@@ -43,6 +43,12 @@ def test_ensure_topics_creates_every_topic_once(settings: KafkaSettings, kafka_a
     assert partition_counts(kafka_admin, settings) == expected
     KafkaPublisher(settings).check()
     KafkaHandoffLog(settings, 6).check()
+    # Each is made with a stated retention, dead letters kept longest.
+    described = kafka_admin.describe_configs([ConfigResource(ResourceType.TOPIC, name) for name in expected])
+    retention = {resource.name: int(future.result(timeout=10)["retention.ms"].value)
+                 for resource, future in described.items()}
+    assert retention == {name: DEAD_LETTER_RETENTION_MS if name == settings.dead_letter_topic else QUEUE_RETENTION_MS
+                         for name in expected}
 
 
 def test_ensure_topics_refuses_a_handoff_topic_made_for_another_shard_count(settings: KafkaSettings) -> None:

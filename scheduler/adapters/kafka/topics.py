@@ -7,6 +7,10 @@ as they are, except that the hand-off topic must have exactly one partition per 
 (its partition is the shard): another count is a `ConfigError`, raised before anything
 is created.
 
+Topics are made with a stated `retention.ms` (`QUEUE_RETENTION_MS`, and
+`DEAD_LETTER_RETENTION_MS` for dead letters) rather than whatever the broker's default
+is; topics that exist keep theirs (`kafka-configs --alter` changes it).
+
 Topics get the broker's default replication factor (`default.replication.factor`) and
 `min.insync.replicas`: with `acks=all`, a message is then acknowledged once every
 in-sync replica has it.
@@ -27,7 +31,13 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type
 
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
 from scheduler.model import check_shard_count
-from scheduler.settings import READY_PARTITIONS, READY_TOPICS, KafkaSettings
+from scheduler.settings import (
+    DEAD_LETTER_RETENTION_MS,
+    QUEUE_RETENTION_MS,
+    READY_PARTITIONS,
+    READY_TOPICS,
+    KafkaSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,11 @@ def wanted_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
     return topics
 
 
+def retention_ms(settings: KafkaSettings, topic: str) -> int:
+    """The `retention.ms` a topic of the deployment is made with."""
+    return DEAD_LETTER_RETENTION_MS if topic == settings.dead_letter_topic else QUEUE_RETENTION_MS
+
+
 def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions: int = READY_PARTITIONS) -> None:
     """Create whichever of the scheduler's topics are missing; see the module docstring."""
     check_shard_count(shard_count)
@@ -56,7 +71,8 @@ def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
     existing = _partition_counts(admin, settings)
     _check_handoff(settings, existing, shard_count)
     missing = [
-        NewTopic(name, num_partitions=count, replication_factor=USE_BROKER_DEFAULT)
+        NewTopic(name, num_partitions=count, replication_factor=USE_BROKER_DEFAULT,
+                 config={"retention.ms": str(retention_ms(settings, name))})
         for name, count in wanted.items()
         if name not in existing
     ]
