@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -227,3 +228,21 @@ def check_workflow_example(env: Mapping[str, str], directory: Path, dispatchers:
         return final
     finally:
         workers.stop_all()
+
+
+RETENTION_SECTION = "## How long things are kept"
+
+
+def check_retention_commands(env: Mapping[str, str]) -> None:
+    """The README's retention commands, as written, on a store at the default: `show`
+    prints 7d, `set 3d` says what it changed, and `show` then prints 3d."""
+    blocks = re.findall(r"```sh\n(.*?)```", section(RETENTION_SECTION), re.S)
+    assert len(blocks) == 1, f"the README's retention section has {len(blocks)} sh blocks, not one"
+    commands = [shlex.split(line, comments=True) for line in blocks[0].splitlines() if line.strip()]
+    assert [command[:3] for command in commands] == [["scheduler", "retention", "show"],
+                                                     ["scheduler", "retention", "set"]], commands
+    said = [run_cli(*command[1:], env=env) for command in commands]
+    assert all(result.returncode == 0 for result in said), [result.stderr for result in said]
+    assert said[0].stdout.strip() == "7d"
+    assert said[1].stdout.strip() == f"retention {commands[1][3]} (was 7d)"
+    assert run_cli(*commands[0][1:], env=env).stdout.strip() == commands[1][3]

@@ -17,6 +17,7 @@ from scheduler.model import BUCKET_MS, TaskId, minute_bucket
 from scheduler.ports import CancelOutcome, StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
 from tests.dispatchers import Deployment
+from tests.readme import check_retention_commands
 from tests.support import run_cli, wait_until
 from tests.tasks import make_task
 from tests.workers import Workers
@@ -152,3 +153,7 @@ def test_a_finished_task_is_gone_after_a_short_retention_and_one_not_yet_due_is_
     assert kept is not None and kept.status is TaskStatus.SCHEDULED
     cancelled = client.get(stopped)
     assert cancelled is not None and cancelled.status is TaskStatus.CANCELLED
+
+
+def test_the_readmes_retention_commands_run_as_written(keyspace: CassandraSettings) -> None:
+    check_retention_commands(_env(keyspace))
