@@ -638,12 +638,12 @@ def test_a_purge_keeps_every_partition_not_yet_expired(store: TaskStore) -> None
     assert store.get(soon.id).status is TaskStatus.DONE  # type: ignore[union-attr]
 
 
-def test_a_purge_with_a_limit_below_one_is_refused(store: TaskStore) -> None:
-    with pytest.raises(ValueError, match="limit"):
-        store.purge_expired(time.time_ns() // 1_000_000, 0)
-
-
 # On the embedded store the purge deletes (Cassandra's TTLs need none: tested with its adapter).
+
+
+def test_an_embedded_purge_with_a_limit_below_one_is_refused(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store, pytest.raises(ValueError, match="limit"):
+        store.purge_expired(time.time_ns() // 1_000_000, 0)
 
 
 def finished_partition(store: SqliteTaskStore, bucket_ms: int, shard: int, count: int) -> list[Task]:
