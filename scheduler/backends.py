@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
@@ -222,6 +222,10 @@ class DispatcherParts:
     """The tenants' weights, caps and rates."""
     counts: CountStore
     """Where the dispatcher's counts and heartbeat go (`scheduler status`)."""
+    purgers: dict[str, Callable[[int, int], int]] = field(default_factory=dict)
+    """What deletes rows past their retention, by name (`scheduler.dispatcher.purge`): the
+    embedded backend's task store and queue. None on Cassandra and Kafka, whose TTLs and
+    `retention.ms` expire their own."""
 
 
 @contextmanager
@@ -237,6 +241,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
         coordinator: Coordinator
         publisher: Publisher
         reader: HandoffReader
+        purgers: dict[str, Callable[[int, int], int]] = {}
         if settings.backend == "embedded":
             from scheduler.adapters.embedded.coordinator import SqliteCoordinator
             from scheduler.adapters.embedded.queue import SqliteQueue
@@ -247,6 +252,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             reader = queue.handoff_reader(settings.kafka.dispatcher_group)
             coordinator = SqliteCoordinator(settings.coordinator_path,
                                             session_timeout_s=settings.zookeeper.session_timeout_s)
+            purgers = {"task store": store.purge_expired, "queue": queue.purge_expired}
         else:
             from scheduler.adapters.kafka.handoff import KafkaHandoffReader
             from scheduler.adapters.kafka.publisher import KafkaPublisher
@@ -263,7 +269,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
         stack.callback(reader.close)
         stack.callback(coordinator.close)
         yield DispatcherParts(store, coordinator, publisher, reader, settings.topics(), schedules, handoff, limits,
-                              counts)
+                              counts, purgers)
 
 
 POOL_TOPICS = {"default": ("high", "normal", "low"), "long": ("long",)}

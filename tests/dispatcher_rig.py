@@ -17,13 +17,14 @@ acknowledged (what a kill -9 at that moment would leave to the next owner).
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from scheduler.adapters.embedded.coordinator import SqliteCoordinator
 from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.adapters.embedded.store import SqliteTaskStore
+from scheduler.dispatcher.purge import Purger
 from scheduler.dispatcher.rows import topic_tags
 from scheduler.dispatcher.runtime import Dispatcher, DispatcherConfig
 from scheduler.errors import QueueError
@@ -127,7 +128,8 @@ class Rig:
 
     def __init__(self, directory: Path, member: str, clock: ManualClock, coordinator_clock: SecondsClock, *,
                  store: TaskStore | None = None, failing: Failing | None = None,
-                 letters_failing: LettersFailing | None = None, inline_readers: bool = True, **config: Any) -> None:
+                 letters_failing: LettersFailing | None = None, inline_readers: bool = True,
+                 purgers: Mapping[str, Purger] | None = None, **config: Any) -> None:
         self.clock = clock
         self._own_store = store is None
         self.store: TaskStore = store if store is not None else SqliteTaskStore(directory / "tasks.db",
@@ -141,6 +143,7 @@ class Rig:
             DispatcherConfig(member=member, **settings), store=self.store, coordinator=self.coordinator,
             publisher=self.publisher, handoff_reader=self.queue.handoff_reader(KAFKA.dispatcher_group),
             topics=topic_tags({name: KAFKA.ready_topic(name) for name in READY_TOPICS}), clock=clock,
+            purgers=purgers,
         )
 
         def inline(job: Callable[[], None]) -> None:

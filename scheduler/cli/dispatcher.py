@@ -118,7 +118,8 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
                                          clock=wall_clock_ms)
         runner = Dispatcher(config, store=parts.store, coordinator=parts.coordinator, publisher=parts.publisher,
                             handoff_reader=parts.handoff_reader, topics=parts.topics,
-                            schedule_runner=schedule_runner, limits_store=parts.limits, counts=parts.counts)
+                            schedule_runner=schedule_runner, limits_store=parts.limits, counts=parts.counts,
+                            purgers=parts.purgers)
         if metrics is not None:
             from scheduler.visibility.dispatcher_metrics import DispatcherCollector
 

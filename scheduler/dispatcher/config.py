@@ -149,6 +149,9 @@ class Stats:
     rows_swept: int = 0
     """Rows a sweep found behind the cursor that the shard had not handled."""
     bad_rows: int = 0
+    rows_purged: int = 0
+    """Rows past their retention deleted from the embedded backend's files (`purge`)."""
+    purge_failures: int = 0
     handoff_clock_ahead: int = 0
     """Hand-off records stamped more than `SKEW_WARN_MS` ahead of this dispatcher's clock."""
     handoff_min_lag_ms: int | None = None

@@ -13,6 +13,8 @@
   schedules, every few seconds.
 - `visible.DispatcherVisibility`: counts of what it publishes, how late, its heartbeat
   and the fold of past hours of counts (`scheduler status`).
+- `purge.PurgePass`: on the embedded backend, the rows past their retention deleted
+  from its files, a bounded number at a time, while it holds shard 0.
 
 Threads, and who owns what
 --------------------------
@@ -35,7 +37,8 @@ Threads, and who owns what
   under, so a result for a lease since lost is dropped.
 - The **limits thread** and the **schedule thread** run the periodic passes; the
   schedule thread never touches the wheels. The **count writer** writes the counts
-  and the heartbeat every two seconds; it only looks at the shards.
+  and the heartbeat every two seconds; it only looks at the shards. The **purge
+  thread** (embedded backend) likewise only looks whether shard 0 is held.
 
 A shard's life is in `ownership`'s docstring. Fencing: a shard fires only while
 `Coordinator.is_valid(lease)` holds (checked before every batch, no I/O); when the
@@ -53,6 +56,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,7 @@ from scheduler.dispatcher.handoffs import HandoffIntake
 from scheduler.dispatcher.ownership import Ownership
 from scheduler.dispatcher.passes import LimitsPass, SchedulePass
 from scheduler.dispatcher.progress import Progress
+from scheduler.dispatcher.purge import PurgePass, Purger
 from scheduler.dispatcher.reading import Reading
 from scheduler.dispatcher.shard import OwnedShard
 from scheduler.dispatcher.visible import DispatcherVisibility
@@ -91,6 +96,7 @@ class Dispatcher:
         schedule_runner: ScheduleRunner | None = None,
         limits_store: LimitsStore | None = None,
         counts: CountStore | None = None,
+        purgers: Mapping[str, Purger] | None = None,
     ) -> None:
         self.config = config
         self.ctx = ctx = DispatcherContext(config, store, coordinator, clock)
@@ -104,6 +110,8 @@ class Dispatcher:
         self.limits = None if limits_store is None else LimitsPass(ctx, self.gate, limits_store)
         self.schedules = None if schedule_runner is None else SchedulePass(ctx, schedule_runner)
         self.visible = None if counts is None else DispatcherVisibility(ctx, self.gate, counts)
+        self.purge = PurgePass(ctx, purgers) if purgers else None
+        """What deletes expired rows (the embedded backend's; Cassandra and Kafka expire their own)."""
         if self.visible is not None:
             self.firing.on_published = self.visible.published
             if schedule_runner is not None:
@@ -145,6 +153,8 @@ class Dispatcher:
             self.limits.start()
         if self.visible is not None:
             self.visible.start()
+        if self.purge is not None:
+            self.purge.start()
         balancer = threading.Thread(target=self.ownership.balance_loop, name="dispatcher-balance", daemon=True)
         balancer.start()
         try:
@@ -326,6 +336,8 @@ class Dispatcher:
         for shard in list(ctx.shards):
             self.ownership.give_back(shard)
         ctx.writers.shutdown(wait=True)
+        if self.purge is not None:
+            self.purge.stop()
         if self.visible is not None:
             self.visible.stop()
         self._write_stats(ctx.clock() + self.config.stats_interval_ms)

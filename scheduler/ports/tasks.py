@@ -206,9 +206,11 @@ class TaskStore(Protocol):
         ...
 
     def set_retention(self, seconds: int) -> None:
-        """Record a new retention (checked by `retention.check_retention`). Rows written
-        from then on by this store, and by processes that open the store after, get it;
-        rows already written keep theirs."""
+        """Record a new retention (checked by `retention.check_retention`; `ConfigError`
+        and nothing changed if it is not one). Rows written from then on by this store,
+        and by processes that open the store after, get it. On Cassandra rows already
+        written keep theirs (their TTL); the embedded store purges every row by the
+        retention recorded when it purges, so there it applies to them too."""
         ...
 
     def purge_expired(self, now_ms: int, limit: int) -> int:

@@ -57,6 +57,8 @@ class DispatcherCollector(Collector):
         yield skipped
         yield _counter("unreadable_rows", "Stored rows that could not be read, dead-lettered with their raw columns.",
                        stats.bad_rows)
+        yield _counter("rows_purged", "Rows past their retention deleted from the embedded backend's files.",
+                       stats.rows_purged)
         yield _counter("bad_handoffs", "Hand-off records that could not be applied, skipped.", stats.bad_handoffs)
         yield _counter("fenced_out", "Writes the store refused for a stale fencing token (the shard is dropped).",
                        stats.fenced_out)
@@ -73,6 +75,7 @@ class DispatcherCollector(Collector):
         store_errors.add_metric(["tasks"], stats.store_failures)
         store_errors.add_metric(["limits"], stats.limits_failures)
         store_errors.add_metric(["schedules"], stats.schedule_failures)
+        store_errors.add_metric(["purge"], stats.purge_failures)
         yield store_errors
 
         yield _gauge("shards_held", "Shards this dispatcher holds and fires.", gauges.shards_held)

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
-from scheduler.errors import InvalidTask
+from scheduler.errors import ConfigError, InvalidTask
 from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload
 from scheduler.ports import BadRow, CancelOutcome, HomeStatus, StatusReport, StoredTask, TaskStatus, TaskStore
+from scheduler.retention import DEFAULT_RETENTION_S, MAX_RETENTION_S, MIN_RETENTION_S, expires_ms, task_expires_ms
 from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
@@ -597,3 +598,166 @@ def test_each_attempts_record_is_kept_beside_the_status_and_never_erased_by_a_re
     found = store.get(task.id)
     assert found is not None and (found.status, found.status_attempt) == (TaskStatus.DONE, 2)
     assert store.attempts(make_task().id) == {}
+
+
+# Retention: how long a partition's rows are kept (`scheduler.retention`).
+
+DAY_MS = 86_400_000
+
+
+def test_the_retention_is_seven_days_unless_set(store: TaskStore) -> None:
+    assert store.retention_s == DEFAULT_RETENTION_S == 7 * 86_400
+
+
+@pytest.mark.parametrize("bad", [0, MIN_RETENTION_S - 1, MAX_RETENTION_S + 1, True, -60, 3600.0])
+def test_a_retention_that_is_not_one_is_refused_and_changes_nothing(store: TaskStore, bad: object) -> None:
+    store.set_retention(3_600)
+    with pytest.raises(ConfigError):
+        store.set_retention(bad)  # type: ignore[arg-type]
+    assert store.retention_s == 3_600
+
+
+def test_a_retention_set_is_the_stores_at_once(store: TaskStore) -> None:
+    store.set_retention(MIN_RETENTION_S)
+    assert store.retention_s == MIN_RETENTION_S
+    store.set_retention(MAX_RETENTION_S)
+    assert store.retention_s == MAX_RETENTION_S
+
+
+def test_a_purge_keeps_every_partition_not_yet_expired(store: TaskStore) -> None:
+    now = time.time_ns() // 1_000_000
+    soon = make_task(now + 60_000)
+    later = make_task(now + 30 * DAY_MS)
+    store.insert([soon, later])
+    store.record_status([StatusReport(soon.id, 1, TaskStatus.DONE)])
+
+    removed = store.purge_expired(now, 1_000)
+
+    assert isinstance(removed, int) and removed >= 0
+    assert set(store.get_many([soon.id, later.id])) == {soon.id, later.id}
+    assert store.get(soon.id).status is TaskStatus.DONE  # type: ignore[union-attr]
+
+
+# On the embedded store the purge deletes (Cassandra's TTLs need none: tested with its adapter).
+
+
+def test_an_embedded_purge_with_a_limit_below_one_is_refused(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store, pytest.raises(ValueError, match="limit"):
+        store.purge_expired(time.time_ns() // 1_000_000, 0)
+
+
+def finished_partition(store: SqliteTaskStore, bucket_ms: int, shard: int, count: int) -> list[Task]:
+    tasks = in_partition(store.shard_count, bucket_ms, shard, count)
+    assert store.insert(tasks) == []
+    store.record_status([StatusReport(task.id, 1, TaskStatus.DONE) for task in tasks])
+    return tasks
+
+
+def rows_of(store: SqliteTaskStore, bucket_ms: int, shard: int) -> int:
+    return sum(1 for _ in store.read_partition(Partition(bucket_ms, shard)))
+
+
+def test_an_expired_partition_is_purged_whole_and_a_live_one_is_kept(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        old = finished_partition(store, NINE_OCLOCK_MS, 3, 5)
+        unfinished = in_partition(store.shard_count, NINE_OCLOCK_MS, 7, 2)
+        store.insert(unfinished)
+        live = finished_partition(store, NINE_OCLOCK_MS + BUCKET_MS, 3, 4)
+        expired_at = expires_ms(NINE_OCLOCK_MS, DEFAULT_RETENTION_S)
+        assert task_expires_ms(old[0].id, store.retention_s) == expired_at
+
+        assert store.purge_expired(expired_at - 1, 1_000) == 0  # a millisecond early: all kept
+        assert store.count() == 11
+
+        assert store.purge_expired(expired_at, 1_000) == 7  # both partitions of nine o'clock, whatever their status
+        assert store.get(old[0].id) is None
+        assert store.get_many([task.id for task in old + unfinished]) == {}
+        assert rows_of(store, NINE_OCLOCK_MS, 3) == rows_of(store, NINE_OCLOCK_MS, 7) == 0
+        assert {stored.task.id for stored in store.read_partition(Partition(NINE_OCLOCK_MS + BUCKET_MS, 3))} \
+            == {task.id for task in live}
+        assert store.purge_expired(expired_at, 1_000) == 0
+
+
+def test_a_purge_deletes_at_most_its_limit_oldest_partition_first(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        first = finished_partition(store, NINE_OCLOCK_MS, 2, 5)
+        second = finished_partition(store, NINE_OCLOCK_MS + BUCKET_MS, 2, 5)
+        now = expires_ms(NINE_OCLOCK_MS + BUCKET_MS, store.retention_s)
+
+        assert store.purge_expired(now, 3) == 3
+        assert rows_of(store, NINE_OCLOCK_MS, 2) == 2 and rows_of(store, NINE_OCLOCK_MS + BUCKET_MS, 2) == 5
+        assert store.purge_expired(now, 3) == 3
+        assert rows_of(store, NINE_OCLOCK_MS, 2) == 0 and rows_of(store, NINE_OCLOCK_MS + BUCKET_MS, 2) == 4
+        assert store.purge_expired(now, 100) == 4
+        assert store.get_many([task.id for task in first + second]) == {}
+        assert store.count() == 0
+
+
+def test_a_purged_partitions_fence_goes_with_it(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        old, live = Partition(NINE_OCLOCK_MS, 1), Partition(NINE_OCLOCK_MS + 10 * BUCKET_MS, 1)
+        assert store.write_fenced(old, 4, in_partition(store.shard_count, old.minute_bucket, 1, 3))
+        assert store.write_fenced(live, 4, in_partition(store.shard_count, live.minute_bucket, 1, 1))
+        now = expires_ms(old.minute_bucket, store.retention_s)
+
+        assert store.purge_expired(now, 3) == 3  # the limit is spent on the rows: the fence waits
+        assert store.partition_fence(old) == 4
+        assert store.purge_expired(now, 3) == 1
+        assert store.partition_fence(old) is None
+        assert store.partition_fence(live) == 4 and rows_of(store, live.minute_bucket, 1) == 1
+
+
+def test_a_shorter_retention_applies_to_rows_already_stored(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        tasks = finished_partition(store, NINE_OCLOCK_MS, 5, 3)
+        hour_later = NINE_OCLOCK_MS + 60 * BUCKET_MS
+        assert store.purge_expired(hour_later, 100) == 0
+        store.set_retention(3_000)  # 50 minutes: the partition ended at 9:51
+        assert store.purge_expired(hour_later, 100) == 3
+        assert all(store.get(task.id) is None for task in tasks)
+
+
+def test_a_retention_is_recorded_in_the_file_and_a_purge_follows_another_processes_change(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    with closing(SqliteTaskStore(path)) as purger, closing(SqliteTaskStore(path)) as other:
+        tasks = finished_partition(purger, NINE_OCLOCK_MS, 6, 2)
+        day_later = NINE_OCLOCK_MS + DAY_MS
+        other.set_retention(3_600)
+        assert purger.retention_s == DEFAULT_RETENTION_S  # as read when it was opened
+        assert purger.purge_expired(day_later, 100) == 2  # the purge reads the file's
+        assert purger.retention_s == 3_600
+        assert purger.get(tasks[0].id) is None
+    with closing(SqliteTaskStore(path)) as reopened:
+        assert reopened.retention_s == 3_600
+
+
+def test_a_refused_retention_leaves_the_file_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    with closing(SqliteTaskStore(path)) as store:
+        store.set_retention(7_200)
+        with pytest.raises(ConfigError):
+            store.set_retention(59)
+    with closing(SqliteTaskStore(path)) as reopened:
+        assert reopened.retention_s == 7_200
+
+
+def test_an_embedded_store_made_before_retention_existed_keeps_the_default(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    with closing(SqliteTaskStore(path)) as store:
+        task = make_task()
+        store.insert([task])
+    with closing(sqlite3.connect(path)) as db, db:  # as the store left files before it recorded a retention
+        db.execute("DELETE FROM meta WHERE name = 'retention_s'")
+    with closing(SqliteTaskStore(path)) as store:
+        assert store.retention_s == DEFAULT_RETENTION_S
+        assert store.purge_expired(expires_ms(task.minute_bucket, DEFAULT_RETENTION_S) - 1, 10) == 0
+        assert store.get(task.id) is not None
+
+
+def test_a_recorded_retention_that_is_not_one_is_refused_when_the_store_opens(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.db"
+    SqliteTaskStore(path).close()
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE meta SET value = '5' WHERE name = 'retention_s'")
+    with pytest.raises(ConfigError, match="retention"):
+        SqliteTaskStore(path)

@@ -64,6 +64,17 @@ new owner's position, even if it took the partition back since (the generation d
 an owner row is freed, never deleted, so generations only grow).
 As in Kafka, a commit may move a position backwards: it records what it is given.
 
+Retention: a message is kept `retention_s` after its stamp (`published_at_ms`), 7 days by
+default, as on the Kafka topics (`ensure_topics` sets no `retention.ms`, so they keep
+the broker's default, 7 days, the dead-letter topic too), consumed or not.
+`purge_expired` deletes expired messages from the start of each partition, a bounded
+number a call, and stops in a partition at its first message not expired (as Kafka
+deletes whole segments from the oldest). It never deletes a partition's last message:
+offsets are dense from the largest one stored, and the group rule deals the partitions
+that have messages, so an emptied partition would start its offsets again at 0, below
+every committed position, and its next messages would never be read. A reader whose
+position is before the first message kept reads from that message on.
+
 Durability: every write is one `BEGIN IMMEDIATE` transaction committed with
 `synchronous=FULL` (the WAL is fsynced before it returns). `BEGIN IMMEDIATE` takes the
 write lock first, so the next offset read inside it cannot be taken by another
@@ -155,6 +166,12 @@ _SCAN = (
     'ORDER BY "partition", "offset" LIMIT ?'
 )
 _NEXT_PARTITION = 'SELECT MIN("partition") FROM messages WHERE topic = ? AND "partition" > ?'
+_NEXT_TOPIC = "SELECT MIN(topic) FROM messages WHERE topic > ?"
+_OLDEST = (
+    'SELECT "offset", published_at_ms FROM messages WHERE topic = ? AND "partition" = ? '
+    'ORDER BY "offset" LIMIT ?'
+)
+_DELETE_BEFORE = 'DELETE FROM messages WHERE topic = ? AND "partition" = ? AND "offset" < ?'
 _HEARTBEAT = """
 INSERT INTO members ("group", member, topics, expires_ms) VALUES (?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET topics = excluded.topics, expires_ms = excluded.expires_ms
@@ -187,6 +204,10 @@ POLL_INTERVAL_S = 0.02
 """How often a waiting reader looks for records appended by another process (appends
 from this process wake it at once)."""
 
+RETENTION_S = 7 * 86_400
+"""How long a message is kept after its stamp: Kafka's default `retention.ms`, which the
+scheduler's topics keep (see the module docstring)."""
+
 REBALANCE_INTERVAL_S = 0.2
 """How often a polling consumer heartbeats and applies the group's rule (more often
 with a session timeout under four times this)."""
@@ -202,9 +223,13 @@ class SqliteQueue:
         handoff_topic: str = KafkaSettings().handoff_topic,
         ready_partitions: int = READY_PARTITIONS,
         busy_timeout_s: float = 30.0,
+        retention_s: int = RETENTION_S,
     ) -> None:
         if ready_partitions < 1:
             raise ValueError(f"ready topics need at least one partition, got {ready_partitions}")
+        if retention_s < 1:
+            raise ValueError(f"the retention must be positive, got {retention_s}")
+        self.retention_s = retention_s
         self.path = str(path)
         self.handoff_topic = handoff_topic
         self.ready_partitions = ready_partitions
@@ -253,6 +278,24 @@ class SqliteQueue:
         """Every value in `topic`, partition by partition, in offset order."""
         rows = self._read('SELECT value FROM messages WHERE topic = ? ORDER BY "partition", "offset"', (topic,))
         return [bytes(value) for (value,) in rows]
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Delete up to `limit` messages stamped more than `retention_s` before `now_ms`
+        (Kafka's rule), oldest first in each partition (see the module docstring); return
+        how many. One short transaction: a seek or two per partition, and at most `limit`
+        messages read besides."""
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        cutoff = now_ms - self.retention_s * 1000
+        removed = 0
+        with self._transaction() as db:
+            topic: str | None = ""
+            while removed < limit and (topic := db.execute(_NEXT_TOPIC, (topic,)).fetchone()[0]) is not None:
+                for partition in _partitions(db, topic):
+                    if removed >= limit:
+                        break
+                    removed += _purge_partition(db, topic, partition, cutoff, limit - removed)
+        return removed
 
     def close(self) -> None:
         with self._lock:
@@ -668,6 +711,20 @@ def _partitions(db: sqlite3.Connection, topic: str) -> list[int]:
     while (row := db.execute(_NEXT_PARTITION, (topic, found[-1] if found else -1)).fetchone()) and row[0] is not None:
         found.append(int(row[0]))
     return found
+
+
+def _purge_partition(db: sqlite3.Connection, topic: str, partition: int, cutoff_ms: int, limit: int) -> int:
+    """Delete the partition's first messages stamped before `cutoff_ms`, up to `limit`
+    and never its last message (the end of its offsets); how many went."""
+    oldest = db.execute(_OLDEST, (topic, partition, limit + 1)).fetchall()
+    end = 0
+    for offset, stamp in oldest[:-1]:  # the last one read stays: the next one, or the partition's last
+        if stamp >= cutoff_ms:
+            break
+        end = int(offset) + 1
+    if end == 0:
+        return 0
+    return int(db.execute(_DELETE_BEFORE, (topic, partition, end)).rowcount)
 
 
 class SqliteScanner:

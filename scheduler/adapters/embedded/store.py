@@ -17,6 +17,14 @@ the status, so it is replaced exactly when the status is; errors are cut to
 before that column existed gets it when it is opened (`ALTER TABLE ... ADD COLUMN`), and
 so do files made before tasks had a `cost` or a `history`; rows without a cost read as
 cost 1, rows without a history have no records.
+
+Retention (`scheduler.retention`): the `meta` row `retention_s`, recorded when the file
+is made (files made before it read as the default, and get it recorded when opened).
+A partition past it is deleted by `purge_expired`, a bounded number of rows a call,
+walking the primary key from its first column (`minute_bucket`): no index of its own,
+and no live row is read. Unlike Cassandra's, where each cell keeps the TTL it was
+written with, a changed retention applies here to the rows already stored: the purge
+goes by the value recorded at the time it runs.
 """
 
 from __future__ import annotations
@@ -32,8 +40,9 @@ from typing import Any
 
 from scheduler import cancels
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
-from scheduler.errors import SchemaConflict, StoreError
+from scheduler.errors import ConfigError, SchemaConflict, StoreError
 from scheduler.model import (
+    BUCKET_MS,
     DEFAULT_SHARD_COUNT,
     Partition,
     Priority,
@@ -57,6 +66,7 @@ from scheduler.ports import (
     hand_over,
     refusal_to_cancel,
 )
+from scheduler.retention import DEFAULT_RETENTION_S, check_retention
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -137,6 +147,22 @@ WHERE {_HOME_ROW}
   AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
 """
 
+_PURGE_TASKS = """
+DELETE FROM tasks WHERE (minute_bucket, shard, run_at, task_id) IN (
+    SELECT minute_bucket, shard, run_at, task_id FROM tasks WHERE minute_bucket <= ?
+    ORDER BY minute_bucket, shard, run_at, task_id LIMIT ?)
+"""
+"""The oldest expired rows, up to a limit: the subquery walks the primary key from its
+start and stops at the limit or at the first live bucket; each row goes by its key."""
+
+_RETENTION = "SELECT value FROM meta WHERE name = 'retention_s'"
+
+_PURGE_FENCES = """
+DELETE FROM partition_fences WHERE (minute_bucket, shard) IN (
+    SELECT minute_bucket, shard FROM partition_fences WHERE minute_bucket <= ?
+    ORDER BY minute_bucket, shard LIMIT ?)
+"""
+
 Row = tuple[int, bytes, str, str, int, bytes, int, int, str | None, str | None, int | None, str | None, int | None]
 
 
@@ -174,8 +200,10 @@ class SqliteTaskStore:
                 add_missing_columns(db)
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('shard_count', ?)", (str(shard_count),))
                 db.execute("INSERT OR IGNORE INTO meta VALUES ('created_ms', ?)", (str(time.time_ns() // 1_000_000),))
+                db.execute("INSERT OR IGNORE INTO meta VALUES ('retention_s', ?)", (str(DEFAULT_RETENTION_S),))
                 (recorded,) = db.execute("SELECT value FROM meta WHERE name = 'shard_count'").fetchone()
                 (created,) = db.execute("SELECT value FROM meta WHERE name = 'created_ms'").fetchone()
+                retention_row = db.execute(_RETENTION).fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the embedded store at {path}: {exc}") from exc
         if int(recorded) != shard_count:
@@ -184,8 +212,14 @@ class SqliteTaskStore:
                 f"the embedded store at {path} was created with {recorded} shards, not {shard_count}; "
                 "every task's partition depends on the count, so it cannot change"
             )
+        try:
+            retention = _recorded_retention(retention_row, path)
+        except ConfigError:
+            self._db.close()
+            raise
         self._shard_count = shard_count
         self._created_ms = int(created)
+        self._retention_s = retention
         self.path = str(path)
 
     @property
@@ -195,6 +229,44 @@ class SqliteTaskStore:
     @property
     def created_ms(self) -> int | None:
         return self._created_ms
+
+    @property
+    def retention_s(self) -> int:
+        """As recorded when the store was opened, or last set or purged by this store."""
+        return self._retention_s
+
+    def set_retention(self, seconds: int) -> None:
+        """Record `seconds` as the retention (`ConfigError` if it is not one, and nothing
+        changes). It applies at once to every row stored, here and in every process
+        purging this file: see the module docstring."""
+        check_retention(seconds)
+        with self._transaction() as db:
+            db.execute("INSERT INTO meta VALUES ('retention_s', ?) ON CONFLICT (name) DO UPDATE SET value = "
+                       "excluded.value", (str(seconds),))
+        self._retention_s = seconds
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Delete up to `limit` rows of the partitions past their retention at `now_ms`
+        (`retention.expires_ms(minute_bucket, retention) <= now_ms`), oldest first, and,
+        once no expired task row is left, up to the rest of `limit` of those partitions'
+        fence rows; return how many rows went. One short transaction: it shares the
+        file's one writer with ingest and status reports.
+
+        The retention is read from the file in the same transaction, so a purge follows
+        a retention set by another process since this store was opened. Cancelled,
+        finished or not, every row of an expired partition goes (`scheduler.retention`)."""
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        with self._transaction() as db:
+            retention = _recorded_retention(db.execute(_RETENTION).fetchone(), self.path)
+            # expires_ms(bucket, retention) <= now_ms, solved for the bucket: a bound on
+            # the key's first column, so the walk never reaches a live row.
+            last_bucket = now_ms - BUCKET_MS - retention * 1000
+            removed = db.execute(_PURGE_TASKS, (last_bucket, limit)).rowcount
+            if removed < limit:  # no expired task row is left: their partitions' fences can go
+                removed += db.execute(_PURGE_FENCES, (last_bucket, limit - removed)).rowcount
+        self._retention_s = retention
+        return removed
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -459,6 +531,18 @@ def add_missing_columns(db: sqlite3.Connection) -> None:
         present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if column not in present:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
+
+
+def _recorded_retention(row: tuple[str] | None, path: str | Path) -> int:
+    """The retention recorded in the file, as `_RETENTION` read it (the default if none
+    is); `ConfigError` if what is recorded is not a retention (written by hand)."""
+    if row is None:
+        return DEFAULT_RETENTION_S
+    try:
+        return check_retention(int(row[0]))
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"the embedded store at {path} records a retention it cannot use, {row[0]!r}: {exc}; "
+                          "set one with `scheduler retention set`") from exc
 
 
 _STATUSES: dict[str | None, TaskStatus] = {status.value: status for status in TaskStatus}
