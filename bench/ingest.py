@@ -169,8 +169,9 @@ def raw_rows(workload: Workload, count: int, seed: int, shard_count: int, *, sql
     the driver, as 16 bytes for SQLite."""
     rows = []
     normal = Priority.NORMAL.code
-    # Cassandra's rows carry the partition's TTL (the default retention), as the store's do.
-    ttl = () if sqlite else (ttl_s(workload.bucket_ms, DEFAULT_RETENTION_S, time.time_ns() // 1_000_000),)
+    # As the stores write them: Cassandra's with the partition's TTL (the default retention),
+    # SQLite's with no kept_until of their own (the minute's end plus the retention).
+    ttl = (None,) if sqlite else (ttl_s(workload.bucket_ms, DEFAULT_RETENTION_S, time.time_ns() // 1_000_000),)
     for run_at_ms, tenant, payload in workload.records(count, seed):
         task_id = TaskId.new(run_at_ms)
         key = task_id.bytes if sqlite else task_id.uuid

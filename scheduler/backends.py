@@ -185,7 +185,8 @@ def open_handoff(settings: BackendSettings, shard_count: int, *, check: bool = F
     if settings.backend == "embedded":
         from scheduler.adapters.embedded.queue import SqliteQueue
 
-        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
+                        dead_letter_topic=settings.kafka.dead_letter_topic)
         try:
             yield LogHandoff(queue.handoff_log(shard_count), shard_count)
         finally:
@@ -246,7 +247,8 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             from scheduler.adapters.embedded.coordinator import SqliteCoordinator
             from scheduler.adapters.embedded.queue import SqliteQueue
 
-            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
+                        dead_letter_topic=settings.kafka.dead_letter_topic)
             stack.callback(queue.close)
             publisher = queue.publisher()
             reader = queue.handoff_reader(settings.kafka.dispatcher_group)
@@ -312,7 +314,8 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
             from scheduler.adapters.embedded.effects import SqliteEffectLedger
             from scheduler.adapters.embedded.queue import SqliteQueue
 
-            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
+                        dead_letter_topic=settings.kafka.dead_letter_topic)
             stack.callback(queue.close)
             publisher = queue.publisher()
             sqlite_ledger = SqliteEffectLedger(settings.db)
@@ -354,7 +357,8 @@ def consumer_lag(settings: BackendSettings) -> dict[str, int]:
 
         if not settings.queue_path.exists():
             return {}
-        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+        queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
+                        dead_letter_topic=settings.kafka.dead_letter_topic)
         try:
             return queue.lag(groups)
         finally:
@@ -373,7 +377,8 @@ def open_dead_letters(settings: BackendSettings) -> Iterator[tuple[TopicScanner,
         if settings.backend == "embedded":
             from scheduler.adapters.embedded.queue import SqliteQueue
 
-            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic)
+            queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
+                        dead_letter_topic=settings.kafka.dead_letter_topic)
             stack.callback(queue.close)
             scanner, publisher = queue.scanner(), queue.publisher()
         else:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from scheduler.errors import SchedulerError
-from scheduler.model import MESSAGE_ID_SLICE, Message, TaskId
+from scheduler.model import MAX_RETRY_DELAY_S, MESSAGE_ID_SLICE, Message, TaskId
 from scheduler.ports import Delivery, StatusReport, TaskStatus
 from scheduler.ports.workflows import MemberOutcome
 from scheduler.visibility.history import AttemptRecord
@@ -33,7 +33,6 @@ from scheduler.worker import dead_letters
 from scheduler.worker.context import EffectBusy
 from scheduler.worker.job import Job
 from scheduler.worker.policy import (
-    MAX_RETRY_DELAY_S,
     Policy,
     RetryableError,
     attempts_allowed,

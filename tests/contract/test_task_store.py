@@ -14,9 +14,16 @@ import pytest
 
 from scheduler.adapters.embedded.store import SCHEMA, SqliteTaskStore
 from scheduler.errors import ConfigError, InvalidTask
-from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload
+from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload, minute_bucket
 from scheduler.ports import BadRow, CancelOutcome, HomeStatus, StatusReport, StoredTask, TaskStatus, TaskStore
-from scheduler.retention import DEFAULT_RETENTION_S, MAX_RETENTION_S, MIN_RETENTION_S, expires_ms, task_expires_ms
+from scheduler.retention import (
+    CANCEL_KEPT_S,
+    DEFAULT_RETENTION_S,
+    MAX_RETENTION_S,
+    MIN_RETENTION_S,
+    expires_ms,
+    task_expires_ms,
+)
 from tests.support import all_at_once
 from tests.tasks import NINE_OCLOCK_MS, in_partition, make_task
 
@@ -640,6 +647,10 @@ def test_a_purge_keeps_every_partition_not_yet_expired(store: TaskStore) -> None
 
 # On the embedded store the purge deletes (Cassandra's TTLs need none: tested with its adapter).
 
+SOON_MS = minute_bucket(time.time_ns() // 1_000_000 + DAY_MS)
+"""A minute tomorrow: its rows, written now, are written before their minute ends, so
+they are kept until it ends plus the retention."""
+
 
 def test_an_embedded_purge_with_a_limit_below_one_is_refused(tmp_path: Path) -> None:
     with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store, pytest.raises(ValueError, match="limit"):
@@ -659,11 +670,11 @@ def rows_of(store: SqliteTaskStore, bucket_ms: int, shard: int) -> int:
 
 def test_an_expired_partition_is_purged_whole_and_a_live_one_is_kept(tmp_path: Path) -> None:
     with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
-        old = finished_partition(store, NINE_OCLOCK_MS, 3, 5)
-        unfinished = in_partition(store.shard_count, NINE_OCLOCK_MS, 7, 2)
+        old = finished_partition(store, SOON_MS, 3, 5)
+        unfinished = in_partition(store.shard_count, SOON_MS, 7, 2)
         store.insert(unfinished)
-        live = finished_partition(store, NINE_OCLOCK_MS + BUCKET_MS, 3, 4)
-        expired_at = expires_ms(NINE_OCLOCK_MS, DEFAULT_RETENTION_S)
+        live = finished_partition(store, SOON_MS + BUCKET_MS, 3, 4)
+        expired_at = expires_ms(SOON_MS, DEFAULT_RETENTION_S)
         assert task_expires_ms(old[0].id, store.retention_s) == expired_at
 
         assert store.purge_expired(expired_at - 1, 1_000) == 0  # a millisecond early: all kept
@@ -672,22 +683,22 @@ def test_an_expired_partition_is_purged_whole_and_a_live_one_is_kept(tmp_path: P
         assert store.purge_expired(expired_at, 1_000) == 7  # both partitions of nine o'clock, whatever their status
         assert store.get(old[0].id) is None
         assert store.get_many([task.id for task in old + unfinished]) == {}
-        assert rows_of(store, NINE_OCLOCK_MS, 3) == rows_of(store, NINE_OCLOCK_MS, 7) == 0
-        assert {stored.task.id for stored in store.read_partition(Partition(NINE_OCLOCK_MS + BUCKET_MS, 3))} \
+        assert rows_of(store, SOON_MS, 3) == rows_of(store, SOON_MS, 7) == 0
+        assert {stored.task.id for stored in store.read_partition(Partition(SOON_MS + BUCKET_MS, 3))} \
             == {task.id for task in live}
         assert store.purge_expired(expired_at, 1_000) == 0
 
 
 def test_a_purge_deletes_at_most_its_limit_oldest_partition_first(tmp_path: Path) -> None:
     with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
-        first = finished_partition(store, NINE_OCLOCK_MS, 2, 5)
-        second = finished_partition(store, NINE_OCLOCK_MS + BUCKET_MS, 2, 5)
-        now = expires_ms(NINE_OCLOCK_MS + BUCKET_MS, store.retention_s)
+        first = finished_partition(store, SOON_MS, 2, 5)
+        second = finished_partition(store, SOON_MS + BUCKET_MS, 2, 5)
+        now = expires_ms(SOON_MS + BUCKET_MS, store.retention_s)
 
         assert store.purge_expired(now, 3) == 3
-        assert rows_of(store, NINE_OCLOCK_MS, 2) == 2 and rows_of(store, NINE_OCLOCK_MS + BUCKET_MS, 2) == 5
+        assert rows_of(store, SOON_MS, 2) == 2 and rows_of(store, SOON_MS + BUCKET_MS, 2) == 5
         assert store.purge_expired(now, 3) == 3
-        assert rows_of(store, NINE_OCLOCK_MS, 2) == 0 and rows_of(store, NINE_OCLOCK_MS + BUCKET_MS, 2) == 4
+        assert rows_of(store, SOON_MS, 2) == 0 and rows_of(store, SOON_MS + BUCKET_MS, 2) == 4
         assert store.purge_expired(now, 100) == 4
         assert store.get_many([task.id for task in first + second]) == {}
         assert store.count() == 0
@@ -695,7 +706,7 @@ def test_a_purge_deletes_at_most_its_limit_oldest_partition_first(tmp_path: Path
 
 def test_a_purged_partitions_fence_goes_with_it(tmp_path: Path) -> None:
     with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
-        old, live = Partition(NINE_OCLOCK_MS, 1), Partition(NINE_OCLOCK_MS + 10 * BUCKET_MS, 1)
+        old, live = Partition(SOON_MS, 1), Partition(SOON_MS + 10 * BUCKET_MS, 1)
         assert store.write_fenced(old, 4, in_partition(store.shard_count, old.minute_bucket, 1, 3))
         assert store.write_fenced(live, 4, in_partition(store.shard_count, live.minute_bucket, 1, 1))
         now = expires_ms(old.minute_bucket, store.retention_s)
@@ -707,28 +718,56 @@ def test_a_purged_partitions_fence_goes_with_it(tmp_path: Path) -> None:
         assert store.partition_fence(live) == 4 and rows_of(store, live.minute_bucket, 1) == 1
 
 
-def test_a_shorter_retention_applies_to_rows_already_stored(tmp_path: Path) -> None:
+def test_a_changed_retention_applies_to_rows_written_after_it_and_a_longer_one_to_all(tmp_path: Path) -> None:
+    """As on Cassandra, a row keeps the end its write gave it; a longer retention set
+    later keeps rows already stored longer too (the purge reads the file's)."""
     with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
-        tasks = finished_partition(store, NINE_OCLOCK_MS, 5, 3)
-        hour_later = NINE_OCLOCK_MS + 60 * BUCKET_MS
-        assert store.purge_expired(hour_later, 100) == 0
-        store.set_retention(3_000)  # 50 minutes: the partition ended at 9:51
-        assert store.purge_expired(hour_later, 100) == 3
-        assert all(store.get(task.id) is None for task in tasks)
+        before = finished_partition(store, SOON_MS, 5, 3)
+        store.set_retention(3_000)  # 50 minutes
+        after = finished_partition(store, SOON_MS, 6, 2)
+        hour_later = SOON_MS + 60 * BUCKET_MS
+        assert store.purge_expired(hour_later, 100) == 2  # written with 50 minutes
+        assert all(store.get(task.id) is not None for task in before)  # written with 7 days
+        assert all(store.get(task.id) is None for task in after)
+        store.set_retention(8 * 86_400)
+        assert store.purge_expired(expires_ms(SOON_MS, DEFAULT_RETENTION_S), 100) == 0
+        assert store.purge_expired(expires_ms(SOON_MS, 8 * 86_400), 100) == 3
+
+
+def test_a_task_written_after_its_minute_is_kept_the_retention_from_its_write(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        now = time.time_ns() // 1_000_000
+        late = make_task(now - 30 * DAY_MS)  # its partition expired 23 days ago
+        assert store.insert([late]) == []
+        assert store.purge_expired(now + DEFAULT_RETENTION_S * 1000 - 60_000, 100) == 0
+        assert store.get(late.id) is not None
+        assert store.purge_expired(now + DEFAULT_RETENTION_S * 1000 + 60_000, 100) == 1
+
+
+def test_a_cancelled_task_is_kept_as_long_as_a_retry_it_stops_may_wait(tmp_path: Path) -> None:
+    with closing(SqliteTaskStore(tmp_path / "tasks.db")) as store:
+        store.set_retention(MIN_RETENTION_S)
+        now = time.time_ns() // 1_000_000
+        task = make_task(now + 60 * BUCKET_MS)
+        store.insert([task])
+        assert store.cancel(task.id, task.tenant) is CancelOutcome.CANCELLED
+        assert store.purge_expired(expires_ms(task.minute_bucket, MIN_RETENTION_S) + DAY_MS, 100) == 0
+        assert store.get(task.id).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+        assert store.purge_expired(now + (CANCEL_KEPT_S + 60) * 1000, 100) == 1
 
 
 def test_a_retention_is_recorded_in_the_file_and_a_purge_follows_another_processes_change(tmp_path: Path) -> None:
     path = tmp_path / "tasks.db"
     with closing(SqliteTaskStore(path)) as purger, closing(SqliteTaskStore(path)) as other:
-        tasks = finished_partition(purger, NINE_OCLOCK_MS, 6, 2)
-        day_later = NINE_OCLOCK_MS + DAY_MS
-        other.set_retention(3_600)
+        tasks = finished_partition(purger, SOON_MS, 6, 2)
+        other.set_retention(14 * 86_400)
         assert purger.retention_s == DEFAULT_RETENTION_S  # as read when it was opened
-        assert purger.purge_expired(day_later, 100) == 2  # the purge reads the file's
-        assert purger.retention_s == 3_600
+        assert purger.purge_expired(expires_ms(SOON_MS, DEFAULT_RETENTION_S), 100) == 0  # the purge reads the file's
+        assert purger.retention_s == 14 * 86_400
+        assert purger.purge_expired(expires_ms(SOON_MS, 14 * 86_400), 100) == 2
         assert purger.get(tasks[0].id) is None
     with closing(SqliteTaskStore(path)) as reopened:
-        assert reopened.retention_s == 3_600
+        assert reopened.retention_s == 14 * 86_400
 
 
 def test_a_refused_retention_leaves_the_file_as_it_was(tmp_path: Path) -> None:

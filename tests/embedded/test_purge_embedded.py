@@ -32,7 +32,9 @@ def test_the_dispatcher_purges_expired_tasks_and_messages(embedded: tuple[Fleet,
     db = tmp_path / "db" / "tasks.db"
     now = time.time_ns() // 1_000_000
     gone_bucket = minute_bucket(now) - 10 * BUCKET_MS  # expired 8 minutes ago with a minute's retention
-    with closing(SqliteTaskStore(db)) as store, closing(SqliteQueue(db.with_name("queue.db"))) as queue:
+    # The rows are written as they were then, on time: kept until their minute plus the retention.
+    with closing(SqliteTaskStore(db, clock_ms=lambda: gone_bucket)) as store, \
+            closing(SqliteQueue(db.with_name("queue.db"))) as queue:
         store.set_retention(MIN_RETENTION_S)
         old = in_partition(store.shard_count, gone_bucket, 0, 3) + in_partition(store.shard_count, gone_bucket, 9, 2)
         later = make_task(now + 3_600_000)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.adapters.embedded.queue import RETENTION_S, SqliteQueue
+from scheduler.adapters.embedded.queue import DEAD_LETTER_RETENTION_S, RETENTION_S, SqliteQueue
 from scheduler.settings import KafkaSettings
 from tests.support import wait_until
 from tests.tasks import NINE_OCLOCK_MS
@@ -32,8 +32,9 @@ def offsets(queue: SqliteQueue, topic: str, partition: int) -> list[int]:
     return [offset for offset, _ in queue.read_from(topic, partition, 0, 10_000)]
 
 
-def test_the_retention_is_kafkas_default_seven_days() -> None:
+def test_the_retentions_are_the_kafka_topics_seven_days_and_thirty_for_dead_letters() -> None:
     assert RETENTION_S == 7 * 86_400
+    assert DEAD_LETTER_RETENTION_S == 30 * 86_400
 
 
 def test_messages_past_the_retention_go_and_the_partitions_last_one_stays(queue: SqliteQueue) -> None:
@@ -57,12 +58,14 @@ def test_a_purge_deletes_at_most_its_limit_over_topics_and_partitions(queue: Sql
                 stamps=[OLD] * 5)
     later = NOW + 1
 
-    removed = [queue.purge_expired(later, 4) for _ in range(5)]
+    removed = [queue.purge_expired(later, 4) for _ in range(4)]
 
-    assert removed == [4, 4, 4, 3, 0]  # 15: all but the last of each of the five partitions
-    for topic, partition in [(READY, 0), (READY, 1), (READY, 2), (KAFKA.dead_letter_topic, 0),
-                             (KAFKA.handoff_topic, 9)]:
+    assert removed == [4, 4, 4, 0]  # 12: all but the last of each of the four partitions not of dead letters
+    for topic, partition in [(READY, 0), (READY, 1), (READY, 2), (KAFKA.handoff_topic, 9)]:
         assert offsets(queue, topic, partition) == [3], (topic, partition)
+    assert offsets(queue, KAFKA.dead_letter_topic, 0) == [0, 1, 2, 3]  # kept 30 days
+    assert queue.purge_expired(OLD + DEAD_LETTER_RETENTION_S * 1000 + 1, 10) == 3
+    assert offsets(queue, KAFKA.dead_letter_topic, 0) == [3]
 
 
 def test_a_partition_is_purged_up_to_its_first_message_not_expired(queue: SqliteQueue) -> None:

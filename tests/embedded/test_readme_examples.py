@@ -7,14 +7,16 @@ on the real servers: tests/integration/test_readme_examples_cluster.py."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from tests.dispatchers import Fleet
-from tests.readme import check_readme_examples, check_workflow_example
+from tests.readme import check_readme_examples, check_retention_commands, check_workflow_example
 
 
 @pytest.fixture
@@ -45,3 +47,10 @@ def test_the_readme_examples_run_as_written(tmp_path: Path, dispatchers: Fleet) 
 @pytest.mark.timeout(150)
 def test_the_readme_workflow_example_runs_as_written(tmp_path: Path, dispatchers: Fleet) -> None:
     check_workflow_example(dispatchers.env, tmp_path, dispatchers)
+
+
+def test_the_readmes_retention_commands_run_as_written(tmp_path: Path) -> None:
+    db = tmp_path / "db" / "tasks.db"
+    check_retention_commands({**os.environ, "SCHEDULER_BACKEND": "embedded", "SCHEDULER_DB": str(db)})
+    with closing(SqliteTaskStore(db)) as store:
+        assert store.retention_s == 3 * 86_400

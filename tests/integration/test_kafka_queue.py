@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType  # type: ignore[attr-defined]
 
 from scheduler.adapters.kafka.handoff import KafkaHandoffLog, KafkaHandoffReader
 from scheduler.adapters.kafka.publisher import KafkaPublisher

@@ -32,7 +32,8 @@ READY = KAFKA.ready_topic("normal")
 
 @pytest.fixture
 def files(tmp_path: Path) -> Iterator[tuple[SqliteTaskStore, SqliteQueue]]:
-    store = SqliteTaskStore(tmp_path / "tasks.db", shard_count=SHARDS)
+    # Written a minute before nine: on time, so kept until their minute plus the retention.
+    store = SqliteTaskStore(tmp_path / "tasks.db", shard_count=SHARDS, clock_ms=lambda: NINE_OCLOCK_MS - 60_000)
     queue = SqliteQueue(tmp_path / "queue.db", handoff_topic=KAFKA.handoff_topic)
     try:
         yield store, queue

@@ -64,9 +64,9 @@ new owner's position, even if it took the partition back since (the generation d
 an owner row is freed, never deleted, so generations only grow).
 As in Kafka, a commit may move a position backwards: it records what it is given.
 
-Retention: a message is kept `retention_s` after its stamp (`published_at_ms`), 7 days by
-default, as on the Kafka topics (`ensure_topics` sets no `retention.ms`, so they keep
-the broker's default, 7 days, the dead-letter topic too), consumed or not.
+Retention: a message is kept `retention_s` after its stamp (`published_at_ms`), consumed
+or not: 7 days by default, and 30 for the dead-letter topic, as `ensure_topics` makes
+the Kafka topics (`settings.QUEUE_RETENTION_MS`, `DEAD_LETTER_RETENTION_MS`).
 `purge_expired` deletes expired messages from the start of each partition, a bounded
 number a call, and stops in a partition at its first message not expired (as Kafka
 deletes whole segments from the oldest). It never deletes a partition's last message:
@@ -109,7 +109,13 @@ from scheduler.ports import (
     TopicPartition,
     TopicScanner,
 )
-from scheduler.settings import READY_PARTITIONS, READY_TOPICS, KafkaSettings
+from scheduler.settings import (
+    DEAD_LETTER_RETENTION_MS,
+    QUEUE_RETENTION_MS,
+    READY_PARTITIONS,
+    READY_TOPICS,
+    KafkaSettings,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,9 +210,9 @@ POLL_INTERVAL_S = 0.02
 """How often a waiting reader looks for records appended by another process (appends
 from this process wake it at once)."""
 
-RETENTION_S = 7 * 86_400
-"""How long a message is kept after its stamp: Kafka's default `retention.ms`, which the
-scheduler's topics keep (see the module docstring)."""
+RETENTION_S = QUEUE_RETENTION_MS // 1000
+"""How long a message is kept after its stamp, as on the Kafka topics (see the module docstring)."""
+DEAD_LETTER_RETENTION_S = DEAD_LETTER_RETENTION_MS // 1000
 
 REBALANCE_INTERVAL_S = 0.2
 """How often a polling consumer heartbeats and applies the group's rule (more often
@@ -224,12 +230,16 @@ class SqliteQueue:
         ready_partitions: int = READY_PARTITIONS,
         busy_timeout_s: float = 30.0,
         retention_s: int = RETENTION_S,
+        dead_letter_topic: str = KafkaSettings().dead_letter_topic,
+        dead_letter_retention_s: int = DEAD_LETTER_RETENTION_S,
     ) -> None:
         if ready_partitions < 1:
             raise ValueError(f"ready topics need at least one partition, got {ready_partitions}")
-        if retention_s < 1:
-            raise ValueError(f"the retention must be positive, got {retention_s}")
+        if retention_s < 1 or dead_letter_retention_s < 1:
+            raise ValueError(f"retentions must be positive, got {retention_s} and {dead_letter_retention_s}")
         self.retention_s = retention_s
+        self.dead_letter_topic = dead_letter_topic
+        self.dead_letter_retention_s = dead_letter_retention_s
         self.path = str(path)
         self.handoff_topic = handoff_topic
         self.ready_partitions = ready_partitions
@@ -286,15 +296,15 @@ class SqliteQueue:
         messages read besides."""
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
-        cutoff = now_ms - self.retention_s * 1000
         removed = 0
         with self._transaction() as db:
             topic: str | None = ""
             while removed < limit and (topic := db.execute(_NEXT_TOPIC, (topic,)).fetchone()[0]) is not None:
+                kept_s = self.dead_letter_retention_s if topic == self.dead_letter_topic else self.retention_s
                 for partition in _partitions(db, topic):
                     if removed >= limit:
                         break
-                    removed += _purge_partition(db, topic, partition, cutoff, limit - removed)
+                    removed += _purge_partition(db, topic, partition, now_ms - kept_s * 1000, limit - removed)
         return removed
 
     def close(self) -> None:

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from scheduler import cancels
+from scheduler import cancels, retention
 from scheduler.adapters.embedded.sqlite import create_tables, immediate, open_db
 from scheduler.errors import ConfigError, SchemaConflict, StoreError
 from scheduler.model import (
@@ -88,6 +88,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     last_error      TEXT,
     cost            INTEGER,
     history         TEXT,           -- {"<attempt>": "<record>"}: scheduler.visibility.history
+    kept_until      INTEGER,        -- ms: the latest end a write gave the row (scheduler.retention)
     PRIMARY KEY (minute_bucket, shard, run_at, task_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS partition_fences (
@@ -120,7 +121,7 @@ _COLUMNS = "run_at, task_id, tenant, type, priority, payload, attempt, max_attem
 _COLUMN_NAMES = tuple(name.strip() for name in _COLUMNS.split(","))
 
 ADDED_COLUMNS = (("tasks", "last_error", "TEXT"), ("tasks", "cost", "INTEGER"), ("shards", "baselines", "TEXT"),
-                 ("tasks", "history", "TEXT"))
+                 ("tasks", "history", "TEXT"), ("tasks", "kept_until", "INTEGER"))
 """Columns added to a table after files were made without them: `(table, column, type)`."""
 
 GET_MANY_CHUNK = 200
@@ -131,29 +132,34 @@ MAX_ERROR_CHARS = 2000
 
 _UPSERT = """
 INSERT INTO tasks (minute_bucket, shard, run_at, task_id, tenant, type, priority, payload, attempt,
-                   max_attempts, idempotency_key, cost)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   max_attempts, idempotency_key, cost, kept_until)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT DO UPDATE SET tenant = excluded.tenant, type = excluded.type, priority = excluded.priority,
     payload = excluded.payload, attempt = excluded.attempt, max_attempts = excluded.max_attempts,
-    idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key), cost = excluded.cost
+    idempotency_key = COALESCE(excluded.idempotency_key, idempotency_key), cost = excluded.cost,
+    kept_until = max(COALESCE(kept_until, 0), COALESCE(excluded.kept_until, 0))
 """
 
 _HOME_ROW = "minute_bucket = ? AND shard = ? AND run_at = ? AND task_id = ?"
 """The predicate that picks one row by its primary key (see `_locate`)."""
 
 _STATUS_UPDATE = f"""
-UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?, last_error = ?
+UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?, last_error = ?,
+    kept_until = max(COALESCE(kept_until, 0), ?)
 WHERE {_HOME_ROW}
   AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
 """
 
 _PURGE_TASKS = """
 DELETE FROM tasks WHERE (minute_bucket, shard, run_at, task_id) IN (
-    SELECT minute_bucket, shard, run_at, task_id FROM tasks WHERE minute_bucket <= ?
+    SELECT minute_bucket, shard, run_at, task_id FROM tasks
+    WHERE minute_bucket <= ? AND (kept_until IS NULL OR kept_until <= ?)
     ORDER BY minute_bucket, shard, run_at, task_id LIMIT ?)
 """
 """The oldest expired rows, up to a limit: the subquery walks the primary key from its
-start and stops at the limit or at the first live bucket; each row goes by its key."""
+start and stops at the limit or at the first live bucket, passing the rows of expired
+partitions that a later write keeps longer (a late write, a late report, a cancel);
+each row goes by its key."""
 
 _RETENTION = "SELECT value FROM meta WHERE name = 'retention_s'"
 
@@ -188,8 +194,11 @@ class SqliteTaskStore:
         shard_count: int = DEFAULT_SHARD_COUNT,
         synchronous: str = "FULL",
         busy_timeout_s: float = 30.0,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
+        """`clock_ms` is the clock a write's retention counts from (`scheduler.retention`)."""
         check_shard_count(shard_count)
+        self._clock_ms = clock_ms
         if synchronous not in ("FULL", "NORMAL"):
             raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
         self._lock = threading.Lock()
@@ -213,13 +222,13 @@ class SqliteTaskStore:
                 "every task's partition depends on the count, so it cannot change"
             )
         try:
-            retention = _recorded_retention(retention_row, path)
+            recorded_retention = _recorded_retention(retention_row, path)
         except ConfigError:
             self._db.close()
             raise
         self._shard_count = shard_count
         self._created_ms = int(created)
-        self._retention_s = retention
+        self._retention_s = recorded_retention
         self.path = str(path)
 
     @property
@@ -258,14 +267,14 @@ class SqliteTaskStore:
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
         with self._transaction() as db:
-            retention = _recorded_retention(db.execute(_RETENTION).fetchone(), self.path)
+            recorded_retention = _recorded_retention(db.execute(_RETENTION).fetchone(), self.path)
             # expires_ms(bucket, retention) <= now_ms, solved for the bucket: a bound on
             # the key's first column, so the walk never reaches a live row.
-            last_bucket = now_ms - BUCKET_MS - retention * 1000
-            removed = db.execute(_PURGE_TASKS, (last_bucket, limit)).rowcount
+            last_bucket = now_ms - BUCKET_MS - recorded_retention * 1000
+            removed = db.execute(_PURGE_TASKS, (last_bucket, now_ms, limit)).rowcount
             if removed < limit:  # no expired task row is left: their partitions' fences can go
                 removed += db.execute(_PURGE_FENCES, (last_bucket, limit - removed)).rowcount
-        self._retention_s = retention
+        self._retention_s = recorded_retention
         return removed
 
     @contextmanager
@@ -286,15 +295,21 @@ class SqliteTaskStore:
             except sqlite3.Error as exc:
                 raise StoreError(f"embedded store failed: {exc}") from exc
 
-    def _row_values(self, task: Task) -> tuple[object, ...]:
+    def _row_values(self, task: Task, now_ms: int) -> tuple[object, ...]:
+        bucket = minute_bucket(task.run_at_ms)
         return (
-            minute_bucket(task.run_at_ms), task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes,
+            bucket, task.id.shard(self._shard_count), task.run_at_ms, task.id.bytes,
             task.tenant, task.type, task.priority.code, task.payload, task.attempt, task.max_attempts,
-            task.idempotency_key, task.cost,
+            task.idempotency_key, task.cost, self._kept_until(bucket, now_ms),
         )
 
+    def _kept_until(self, bucket_ms: int, now_ms: int, floor_s: int = 0) -> int:
+        """The end a write at `now_ms` into the partition of `bucket_ms` gives its row."""
+        return retention.kept_until_ms(bucket_ms, self._retention_s, now_ms, floor_s=floor_s)
+
     def insert(self, tasks: Sequence[Task]) -> list[InsertFailure]:
-        rows = [self._row_values(task) for task in tasks]
+        now_ms = self._clock_ms()
+        rows = [self._row_values(task, now_ms) for task in tasks]
         try:
             with self._transaction() as db:
                 db.executemany(_UPSERT, rows)
@@ -410,7 +425,7 @@ class SqliteTaskStore:
 
     def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
         key = self._locate(task_id)
-        now = time.time_ns() // 1_000_000
+        now = self._clock_ms()
         with self._transaction() as db:
             row = db.execute(f"SELECT {_COLUMNS} FROM tasks WHERE {_HOME_ROW}", key).fetchone()
             found = None if row is None else _stored_task(row)
@@ -420,7 +435,9 @@ class SqliteTaskStore:
             if refusal is None:
                 assert found is not None  # a missing task is refused above
                 attempt = found.latest_attempt
-                db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None,
+                # Kept past any retry the cancel stops (scheduler.retention.CANCEL_KEPT_S).
+                kept = self._kept_until(key[0], now, retention.CANCEL_KEPT_S)
+                db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None, kept,
                                             *key, attempt, attempt, TaskStatus.CANCELLED.rank))
             if cancels.may_be_in_flight(task_id.run_at_ms, now):  # in the same transaction as the status
                 db.execute("INSERT INTO cancel_marks VALUES (?, ?, 1) ON CONFLICT (shard) DO UPDATE "
@@ -432,11 +449,12 @@ class SqliteTaskStore:
         return CancelMarks({int(shard): int(at) for shard, at, _ in rows}, {int(shard): int(n) for shard, _, n in rows})
 
     def record_status(self, reports: Sequence[StatusReport]) -> None:
-        rows = [
-            (report.status.value, report.attempt, report.status.rank, bounded_error(report.error),
-             *self._locate(report.task_id), report.attempt, report.attempt, report.status.rank)
-            for report in reports
-        ]
+        now_ms = self._clock_ms()
+        rows = []
+        for report in reports:
+            key = self._locate(report.task_id)
+            rows.append((report.status.value, report.attempt, report.status.rank, bounded_error(report.error),
+                         self._kept_until(key[0], now_ms), *key, report.attempt, report.attempt, report.status.rank))
         records = [(f'$."{report.attempt}"', report.record, *self._locate(report.task_id))
                    for report in reports if report.record is not None]
         with self._transaction() as db:
@@ -484,7 +502,8 @@ class SqliteTaskStore:
             )
             if cursor.rowcount != 1:
                 return False
-            db.executemany(_UPSERT, [self._row_values(task) for task in tasks])
+            now_ms = self._clock_ms()
+            db.executemany(_UPSERT, [self._row_values(task, now_ms) for task in tasks])
             return True
 
     def partition_fence(self, partition: Partition) -> int | None:
@@ -520,7 +539,8 @@ def write_task_rows(db: sqlite3.Connection, rows: Iterable[Sequence[object]]) ->
     """Write task rows as `SqliteTaskStore.insert` does, inside the caller's transaction:
     an upsert that keeps a row's status. A row, in order: minute_bucket, shard, run_at
     (ms), task_id (16 bytes), tenant, type, priority code, payload (msgpack bytes),
-    attempt, max_attempts, idempotency_key (or None) and cost."""
+    attempt, max_attempts, idempotency_key (or None), cost and kept_until (ms, or None:
+    the end of its minute plus the retention)."""
     db.executemany(_UPSERT, rows)
 
 
