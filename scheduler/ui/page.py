@@ -26,24 +26,29 @@ the address by a random id, so a link cannot make the page claim one.
 
 from __future__ import annotations
 
-import hmac
+import dataclasses
 import ipaddress
+import logging
 import secrets
 import time
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 from flask import Flask, Response, abort, jsonify, redirect, render_template, request, url_for
 
 from scheduler import retention
 from scheduler.errors import InvalidTask, SchedulerError
 from scheduler.model import TaskId, decode_payload
+from scheduler.ports import StoredTask
 from scheduler.visibility.counts import STATES
-from scheduler.visibility.status import status_document
+from scheduler.visibility.status import Status, status_document
 
+from .access import NO_CREDENTIALS, Access, check_form, viewer
+from .credentials import Credentials
 from .source import PageSource
 from .views import overview
+
+log = logging.getLogger(__name__)
 
 SPANS_MS = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}
 DEFAULT_SPAN = "1h"
@@ -83,16 +88,33 @@ def trusted_hosts(host: str, address: str) -> list[str] | None:
     return None
 
 
+def scoped(status: Status, tenant: str | None) -> Status:
+    """`status` as a login of `tenant` may see it (None: all of it). The counts, minutes
+    and dead tasks are already that tenant's (read narrowed); what is of the whole
+    deployment (lateness, shards, processes, consumer lag) is taken out, since it adds up
+    the other tenants' tasks."""
+    if tenant is None:
+        return status
+    return dataclasses.replace(status, shards=[], processes=[], consumer_lag={}, lateness_per_minute={})
+
+
+DEPLOYMENT_WIDE = ("lateness", "shards", "processes", "consumer_lag")
+"""The parts of `/api/status` a tenant's login does not get (see `scoped`)."""
+
+
 def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "scheduler",
-               hosts: list[str] | None = None) -> Flask:
+               hosts: list[str] | None = None, credentials: Credentials | None = None,
+               secure_cookie: bool = False) -> Flask:
+    """The page for `source`; with `credentials`, every page needs a login (`access`),
+    without them it is read-only."""
     app = Flask(__name__)
     if hosts is not None:
         app.config["TRUSTED_HOSTS"] = hosts
-    token = secrets.token_urlsafe(24).encode()
-    outcomes: dict[str, dict[str, str | None]] = {}
+    Access(credentials, secure_cookie=secure_cookie).install(app)
+    outcomes: dict[str, tuple[str | None, dict[str, str | None]]] = {}
     app.jinja_env.filters.update(clock=_clock, duration=_duration, num=lambda n: f"{n:,}")
     app.jinja_env.globals.update(STATES=STATES, SPANS=list(SPANS_MS), title=title, refresh_ms=int(refresh_s * 1000),
-                                 backend=source.settings.backend)
+                                 backend=source.settings.backend, NO_CREDENTIALS=NO_CREDENTIALS)
 
     def narrowing() -> tuple[str | None, str | None, str]:
         tenant = request.args.get("tenant", "").strip() or None
@@ -100,12 +122,37 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
         span = request.args.get("since", DEFAULT_SPAN)
         if span not in SPANS_MS:
             abort(400, f"since must be one of {', '.join(SPANS_MS)}")
-        return tenant, type_, span
+        own = viewer().tenant
+        return (own if own is not None else tenant), type_, span
 
     def live_context() -> dict[str, Any]:
         tenant, type_, span = narrowing()
         status, lag_known = source.status(tenant, type_, SPANS_MS[span])
-        return {"view": overview(status), "lag_known": lag_known, "tenant": tenant, "type": type_, "span": span}
+        return {"view": overview(scoped(status, viewer().tenant)), "lag_known": lag_known, "tenant": tenant,
+                "type": type_, "span": span}
+
+    def keep(outcome: dict[str, str | None]) -> str:
+        """A key naming `outcome` in the address; only the login that took the action sees it."""
+        if len(outcomes) >= MAX_OUTCOMES:
+            outcomes.clear()
+        key = secrets.token_urlsafe(8)
+        outcomes[key] = (viewer().name, outcome)
+        return key
+
+    def kept(key: str) -> dict[str, str | None] | None:
+        found = outcomes.get(key)
+        return found[1] if found is not None and found[0] == viewer().name else None
+
+    def no_task(raw: str, task_id: TaskId) -> tuple[str, int]:
+        """A task the store does not have, or of a tenant this login does not see: the
+        same answer for both, so a tenant learns nothing of another's tasks."""
+        missing = retention.missing_task(task_id, source.store.retention_s, time.time_ns() // 1_000_000)
+        return render_template("task.html", raw=raw, error=missing, stored=None, payload=None, history=[],
+                               outcome=None), 404
+
+    def visible(stored: StoredTask | None) -> bool:
+        own = viewer().tenant
+        return stored is not None and (own is None or stored.task.tenant == own)
 
     @app.get("/")
     def index() -> str:
@@ -119,56 +166,81 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
     def api_status() -> Response:
         tenant, type_, span = narrowing()
         status, _ = source.status(tenant, type_, SPANS_MS[span])
-        return jsonify(status_document(status))
+        document = status_document(status)
+        if viewer().tenant is not None:
+            for key in DEPLOYMENT_WIDE:
+                del document[key]
+        return jsonify(document)
 
     @app.get("/task")
     def task() -> tuple[str, int]:
         raw = request.args.get("id", "").strip()
+        outcome = kept(request.args.get("outcome", ""))
         if not raw:
-            return render_template("task.html", raw=raw, error=None, stored=None, payload=None, history=[]), 200
+            return render_template("task.html", raw=raw, error=None, stored=None, payload=None, history=[],
+                                   outcome=None), 200
         try:
             task_id = TaskId.parse(raw)
         except InvalidTask as exc:
-            return render_template("task.html", raw=raw, error=str(exc), stored=None, payload=None, history=[]), 400
+            return render_template("task.html", raw=raw, error=str(exc), stored=None, payload=None, history=[],
+                                   outcome=None), 400
         stored, history = source.task(task_id)
-        if stored is None:
-            missing = retention.missing_task(task_id, source.store.retention_s, time.time_ns() // 1_000_000)
-            return render_template("task.html", raw=raw, error=missing, stored=None,
-                                   payload=None, history=[]), 404
+        if stored is None or not visible(stored):
+            return no_task(raw, task_id)
         try:
             payload = repr(decode_payload(stored.task.payload))
         except Exception:  # a payload the SDK did not write: show that, not an error page
             payload = f"<{len(stored.task.payload)} bytes, not msgpack>"
-        return render_template("task.html", raw=raw, error=None, stored=stored, payload=payload, history=history), 200
+        return render_template("task.html", raw=raw, error=None, stored=stored, payload=payload, history=history,
+                               outcome=outcome), 200
+
+    @app.post("/task/cancel")
+    def cancel() -> Any:
+        who = viewer()
+        check_form(who, "a cancel")
+        raw = request.form.get("id", "").strip()
+        try:
+            task_id = TaskId.parse(raw)
+        except InvalidTask as exc:
+            abort(400, str(exc))
+        stored = source.store.get(task_id)
+        if stored is None or not visible(stored):
+            return no_task(raw, task_id)
+        try:
+            done = source.cancel(task_id, stored.task.tenant)
+            outcome = {"task": str(task_id), "answer": done.value, "problem": None}
+            log.info("status page: %s cancelled %s of %s: %s", who.name, task_id, stored.task.tenant, done.value)
+        except SchedulerError as exc:
+            outcome = {"task": str(task_id), "answer": None, "problem": f"not cancelled: {exc}"}
+        return redirect(url_for("task", id=str(task_id), outcome=keep(outcome)), code=303)
 
     @app.get("/dead-letters")
     def dead_letters() -> str:
-        tenant = request.args.get("tenant", "").strip() or None
+        own = viewer().tenant
+        tenant = own if own is not None else request.args.get("tenant", "").strip() or None
         letters = source.dead_letters()
         shown = [letter for letter in letters.waiting if tenant is None or letter.tenant == tenant]
-        outcome = outcomes.get(request.args.get("outcome", ""))
+        outcome = kept(request.args.get("outcome", ""))
         return render_template("dead_letters.html", letters=letters, shown=shown[:MAX_LETTERS], count=len(shown),
-                               tenant=tenant, token=token.decode(), outcome=outcome)
+                               tenant=tenant, outcome=outcome, scoped=own is not None)
 
     @app.post("/dead-letters/replay")
     def replay() -> Any:
-        origin = request.headers.get("Origin")
-        if origin is not None and urlsplit(origin).netloc != request.host:
-            abort(403, "a replay must come from this page, not another site")
-        if not hmac.compare_digest(request.form.get("token", "").encode(), token):
-            abort(403, "this form is not from this page (reload the page and try again)")
+        who = viewer()
+        check_form(who, "a replay")
         letter = request.form.get("letter", "")
+        if who.tenant is not None:
+            listed, tenant = source.letter_tenant(letter)
+            if not listed or tenant != who.tenant:
+                abort(404, "no such waiting letter (already replayed, or never there)")
         try:
             done = source.replay(letter)
             outcome = {"letter": letter, "new": None if done.new_task_id is None else str(done.new_task_id),
                        "problem": done.problem}
+            log.info("status page: %s replayed letter %s: %s", who.name, letter, outcome["new"] or done.problem)
         except SchedulerError as exc:
             outcome = {"letter": letter, "new": None, "problem": f"not replayed: {exc}"}
-        if len(outcomes) >= MAX_OUTCOMES:
-            outcomes.clear()
-        key = secrets.token_urlsafe(8)
-        outcomes[key] = outcome
-        return redirect(url_for("dead_letters", outcome=key), code=303)
+        return redirect(url_for("dead_letters", outcome=keep(outcome)), code=303)
 
     @app.get("/healthz")
     def healthz() -> str:

@@ -7,6 +7,7 @@ share; its few threads are plenty for a page that a handful of people keep open.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 from typing import Any
@@ -16,6 +17,7 @@ from waitress.server import create_server
 
 from scheduler.backends import BackendSettings
 
+from .credentials import Credentials
 from .page import create_app, trusted_hosts
 from .source import PageSource
 
@@ -33,14 +35,24 @@ def resolve(host: str, port: int) -> str:
 class PageServer:
     """Serves the page for `settings` on `host:port` (port 0: any free port) until
     `close()`. `url` is where to open it. `OSError` when the address cannot be listened
-    on, `ValueError` when `host` names no address."""
+    on, `ValueError` when `host` names no address, or names one that is not loopback and
+    there are no `credentials` (a page anyone on the network could use).
+
+    With `credentials`, the page needs a login; its session cookie is `Secure` unless the
+    address is loopback, so off loopback the page must be reached over HTTPS (a proxy
+    in front that ends TLS), which also keeps secrets off the network in the clear."""
 
     def __init__(self, settings: BackendSettings, *, host: str = "127.0.0.1", port: int = 0,
-                 refresh_s: float = 3.0, title: str = "scheduler") -> None:
+                 refresh_s: float = 3.0, title: str = "scheduler", credentials: Credentials | None = None) -> None:
         address = resolve(host, port)
+        loopback = ipaddress.ip_address(address).is_loopback
+        if credentials is None and not loopback:
+            raise ValueError(f"{address} is not a loopback address, and without --credentials the page has no "
+                             "login: serve it on 127.0.0.1, or give it a credentials file")
         self.source = PageSource(settings)
         try:
-            app = create_app(self.source, refresh_s=refresh_s, title=title, hosts=trusted_hosts(host, address))
+            app = create_app(self.source, refresh_s=refresh_s, title=title, hosts=trusted_hosts(host, address),
+                             credentials=credentials, secure_cookie=not loopback)
             self._server: Any = create_server(app, host=address, port=port, threads=4, ident="scheduler")
         except BaseException:
             self.source.close()

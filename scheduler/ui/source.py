@@ -4,7 +4,8 @@ The store and the count store are opened once, for the page's life. A status is 
 at most every `STATUS_TTL_S` per (tenant, type, since) whatever the number of browsers
 refreshing: the counts it shows are written every 2 s, so reading more often shows
 nothing new. The dead letters are read when their page is asked for (a scan of the
-dead-letter topic); a replay goes through `scheduler.replay`, as `dlq replay` does.
+dead-letter topic); a replay goes through `scheduler.replay`, as `dlq replay` does, and
+a cancel through the producer client, as `scheduler cancel` does.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from scheduler import backends
 from scheduler.connecting import connect
 from scheduler.errors import QueueError
 from scheduler.model import TaskId
-from scheduler.ports import StoredTask
+from scheduler.ports import CancelOutcome, StoredTask
 from scheduler.replay import ReplayOutcome, replay
 from scheduler.visibility.history import AttemptRecord
 from scheduler.visibility.status import Status, read_status
@@ -105,9 +106,24 @@ class PageSource:
             letters, replayed, unreadable = waiting(scanner.scan(self.settings.kafka.dead_letter_topic))
         return DeadLetters(letters, len(replayed), unreadable)
 
+    def letter_tenant(self, letter: str) -> tuple[bool, str | None]:
+        """Whether `letter` is waiting, and its tenant. A letter's name is its place on the
+        topic, so its tenant never changes once read."""
+        for found in self.dead_letters().waiting:
+            if found.letter == letter:
+                return True, found.tenant
+        return False, None
+
     def replay(self, letter: str) -> ReplayOutcome:
         settings = self.settings
         with connect(backend=settings.backend, db=settings.db, cassandra=settings.cassandra,
                      kafka=settings.kafka) as client, backends.open_dead_letters(settings) as (scanner, publisher):
             (outcome,) = replay(client, scanner, publisher, settings.kafka.dead_letter_topic, [letter])
         return outcome
+
+    def cancel(self, task_id: TaskId, tenant: str) -> CancelOutcome:
+        """`Client.cancel`, as `scheduler cancel` does: `NOT_FOUND` for another tenant's task."""
+        settings = self.settings
+        with connect(backend=settings.backend, db=settings.db, cassandra=settings.cassandra,
+                     kafka=settings.kafka) as client:
+            return client.cancel(task_id, tenant)

@@ -26,6 +26,7 @@ from scheduler.model import Task, TaskId, encode_message, encode_payload
 from scheduler.ports import Publisher
 from scheduler.replay import replay
 from scheduler.ui.charts import HEIGHT, TOP, Series, line_chart, nice_ceiling
+from scheduler.ui.credentials import add_credential, load
 from scheduler.ui.page import create_app, trusted_hosts
 from scheduler.ui.serving import PageServer
 from scheduler.ui.source import PageSource
@@ -136,20 +137,40 @@ def park_a_dead_letter(db: Path, tenant: str = "beta") -> TaskId:
     return task.id
 
 
+SECRETS = {"ops": "ops-secret-1", "acme-desk": "acme-secret-2", "beta-desk": "beta-secret-3"}
+SCOPES = {"ops": "all", "acme-desk": "tenant:acme", "beta-desk": "tenant:beta"}
+
+
+@pytest.fixture(scope="module")
+def credentials_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("credentials") / "ui-credentials"
+    for name, secret in SECRETS.items():
+        add_credential(path, name, SCOPES[name], secret)
+    return path
+
+
+def login(client: FlaskClient, name: str, secret: str | None = None) -> None:
+    response = client.post("/login", data={"name": name, "secret": SECRETS[name] if secret is None else secret})
+    assert response.status_code == 303, response.get_data(as_text=True)
+
+
 def page_token(client: FlaskClient) -> str:
     found = re.search(r'name="token" value="([^"]+)"', client.get("/dead-letters").get_data(as_text=True))
-    assert found, "the dead-letter page has no replay form"
+    assert found, "the dead-letter page has no form"
     return found.group(1)
 
 
 @pytest.fixture
-def letter_page(tmp_path: Path) -> Iterator[tuple[FlaskClient, PageSource, TaskId]]:
+def letter_page(tmp_path: Path, credentials_file: Path) -> Iterator[tuple[FlaskClient, PageSource, TaskId]]:
+    """The page with credentials, logged in as `ops` (every tenant), one dead letter of beta's."""
     db = tmp_path / "tasks.db"
     with scheduler.connect(backend="embedded", db=db):
         pass
     dead = park_a_dead_letter(db)
     with PageSource(backend_settings(backend="embedded", db=db)) as source:
-        yield create_app(source).test_client(), source, dead
+        client = create_app(source, credentials=load(credentials_file)).test_client()
+        login(client, "ops")
+        yield client, source, dead
 
 
 def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(
