@@ -27,6 +27,8 @@ from tests.support import wait_until
 CHROMIUM_ENV = "SCHEDULER_TEST_CHROMIUM"
 SCREENSHOT_ENV = "SCHEDULER_TEST_SCREENSHOT"
 """A path to also save the page's screenshot at (docs/status-page.png is made so)."""
+TENANT_SCREENSHOT_ENV = "SCHEDULER_TEST_SCREENSHOT_TENANT"
+"""The same for the page as a tenant's login sees it (docs/status-page-tenant.png)."""
 
 
 def chromium() -> str | None:
@@ -71,15 +73,27 @@ def readme_command() -> list[str]:
     return command
 
 
+def make_credentials(path: Path, credentials: Mapping[str, tuple[str, str]]) -> Path:
+    """A credentials file of name -> (scope, secret), made with `scheduler ui
+    add-credential` as an operator makes it (the secret given on its standard input)."""
+    for name, (scope, secret) in credentials.items():
+        subprocess.run([sys.executable, "-m", "scheduler", "ui", "add-credential", name, "--scope", scope,
+                        "--credentials", str(path), "--secret-stdin"], input=secret + "\n", text=True, check=True,
+                       capture_output=True, timeout=60)
+    return path
+
+
 @contextmanager
-def status_page(env: Mapping[str, str], log: Path) -> Iterator[str]:
+def status_page(env: Mapping[str, str], log: Path, credentials: Path | None = None) -> Iterator[str]:
     """The README's `scheduler ui`, run as written, on any free port (`SCHEDULER_UI_LISTEN`,
     which the command reads), until the end, when SIGTERM must end it with exit 0. Yields
     the address it prints; its stderr goes to `log` (a pipe nobody reads could fill and
-    stall it)."""
+    stall it). With `credentials`, the page is given that file (`SCHEDULER_UI_CREDENTIALS`)."""
     command = readme_command()
+    extra = {} if credentials is None else {"SCHEDULER_UI_CREDENTIALS": str(credentials)}
     with log.open("w") as errors, subprocess.Popen(
-            [sys.executable, "-m", "scheduler", *command[1:]], env={**env, "SCHEDULER_UI_LISTEN": "127.0.0.1:0"},
+            [sys.executable, "-m", "scheduler", *command[1:]],
+            env={**env, "SCHEDULER_UI_LISTEN": "127.0.0.1:0", **extra},
             stdout=subprocess.PIPE, stderr=errors, text=True) as process:
         stdout = process.stdout
         assert stdout is not None
@@ -101,6 +115,17 @@ def status_page(env: Mapping[str, str], log: Path) -> Iterator[str]:
                 code = None
             reader.join(5)
         assert code == 0, f"scheduler ui ended with {code}: {log.read_text()}"
+
+
+def log_in(page: Page, base_url: str, name: str, secret: str) -> None:
+    """Opens the page, which asks for a login first, and logs in with its form."""
+    page.goto(base_url)
+    page.wait_for_selector("form.login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=secret]", secret)
+    page.click("form.login button")
+    page.wait_for_selector("#logged-in")
+    assert page.get_attribute("#logged-in", "data-name") == name
 
 
 def _number(text: str) -> int:
@@ -166,10 +191,10 @@ def replay_from_page(page: Page, base_url: str, task_id: str) -> str:
     return new_id
 
 
-def screenshot(page: Page, tmp_path: Path) -> Path:
-    path = tmp_path / "status-page.png"
+def screenshot(page: Page, tmp_path: Path, name: str = "status-page.png", env: str = SCREENSHOT_ENV) -> Path:
+    path = tmp_path / name
     page.screenshot(path=str(path), full_page=True)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
-    if os.environ.get(SCREENSHOT_ENV):
-        shutil.copyfile(path, os.environ[SCREENSHOT_ENV])
+    if os.environ.get(env):
+        shutil.copyfile(path, os.environ[env])
     return path

@@ -22,7 +22,15 @@ from playwright.sync_api import Page
 import scheduler
 from tests.dispatchers import Fleet
 from tests.readme import section
-from tests.status_page import browser_page, check_task, replay_from_page, screenshot, status_page
+from tests.status_page import (
+    browser_page,
+    check_task,
+    log_in,
+    make_credentials,
+    replay_from_page,
+    screenshot,
+    status_page,
+)
 from tests.status_page import shows as status_page_shows
 from tests.support import wait_until
 from tests.workers import Workers
@@ -32,6 +40,7 @@ DEAD_TASKS = 5
 WAITING = 4
 CANCELLED = 3
 BLOCKED = 2
+OPS_SECRET = "ops-secret-of-the-status-test"
 
 
 def status(env: Mapping[str, str], *args: str) -> dict[str, Any]:
@@ -54,14 +63,17 @@ def nonzero(counts: Mapping[tuple[str, str], Mapping[str, int]]) -> dict[tuple[s
 
 def run_status_scenario(env: Mapping[str, str], fleet: Fleet, workers: Workers, tmp_path: Path,
                         timeout_s: float = 90, page: bool = False) -> dict[str, Any]:
-    """With `page`, the status page is opened in a browser too, and must show the same
-    counts, refresh itself to the end state, look tasks up and replay a dead letter."""
+    """With `page`, the status page is opened in a browser too, logged in with a
+    credential of every tenant, and must show the same counts, refresh itself to the end
+    state, look tasks up and replay a dead letter."""
     with ExitStack() as stack:
         browser, url = None, ""
         if page:
+            credentials = make_credentials(tmp_path / "ui-credentials", {"ops": ("all", OPS_SECRET)})
             url = stack.enter_context(status_page({**env, "SCHEDULER_TEST_SINK": str(workers.sink_path)},
-                                                  tmp_path / "ui.log"))
+                                                  tmp_path / "ui.log", credentials))
             browser = stack.enter_context(browser_page())
+            log_in(browser, url, "ops", OPS_SECRET)
         return _scenario(env, fleet, workers, tmp_path, timeout_s, browser, url)
 
 
