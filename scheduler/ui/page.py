@@ -7,8 +7,10 @@
                            `refresh_s` (same arguments)
     GET  /api/status       the same status as `scheduler status --json`
     GET  /task?id=ID       a task, its status and the history of its attempts
+    POST /task/cancel      cancels a task not finished (form fields: id, token)
     GET  /dead-letters     the dead letters waiting, ?tenant= for one tenant's
     POST /dead-letters/replay  replays one letter (form fields: letter, token)
+    GET  /login, POST /login, POST /logout   with a credentials file (`access`)
     GET  /healthz          "ok"
 
 A backend that fails a request (a server out of reach) answers 503 with what failed.
@@ -16,12 +18,20 @@ A backend that fails a request (a server out of reach) answers 503 with what fai
 Flask, because it is small, kept up to date, and brings Jinja's autoescaping templates;
 the page itself is server-rendered HTML.
 
-What keeps another site open in the same browser from using the page: the replay form
-carries a token made when the page starts, and a POST from another origin is refused;
-on a loopback address only the loopback host names are answered (a hostile name
-re-pointed at 127.0.0.1 gets 400); no page may be framed (clickjacking), and nothing but
-the page's own files is loaded. A replay's outcome is kept on the server and named in
-the address by a random id, so a link cannot make the page claim one.
+Who may see and do what (`access`): without credentials, anyone who reaches the page
+(loopback only) sees everything and the actions answer 403; with them, every page needs
+a login, and a tenant's login is narrowed to its tenant on every route: the status is
+read for that tenant whatever `?tenant=` says, what adds up every tenant is left out
+(`scoped`), another tenant's task answers exactly as a missing one, and another
+tenant's letter or task cannot be replayed or cancelled (404, nothing changed).
+
+What keeps another site open in the same browser from using the page: every form
+carries the login's own token, and a POST from another origin is refused; the session
+cookie is `SameSite=Strict`; on a loopback address only the loopback host names are
+answered (a hostile name re-pointed at 127.0.0.1 gets 400); no page may be framed
+(clickjacking), and nothing but the page's own files is loaded. An action's outcome is
+kept on the server, named in the address by a random id and shown only to the login
+that took it, so a link cannot make the page claim one.
 """
 
 from __future__ import annotations
