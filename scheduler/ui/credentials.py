@@ -183,7 +183,7 @@ def new_secret() -> str:
 
 def add_credential(path: Path, name: str, scope: str, secret: str) -> Credential:
     """Appends a line for `name` with `scope` and the hash of `secret` to `path` (made,
-    mode 600, when missing). `CredentialsError` if the name is taken or the file is bad."""
+    mode 600, with its missing directories, mode 700, when missing). `CredentialsError` if the name is taken or the file is bad."""
     try:
         check_name(name)
         tenant = parse_scope(scope)
@@ -197,6 +197,7 @@ def add_credential(path: Path, name: str, scope: str, secret: str) -> Credential
             raise CredentialsError(f"{path} already has a credential named {name!r}")
     credential = Credential(name, tenant, hash_secret(secret))
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # e.g. ~/.config/scheduler on a new machine
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "a", encoding="utf-8") as file:
             if file.tell() and not path.read_bytes().endswith(b"\n"):
