@@ -76,13 +76,14 @@ def test_the_readmes_credentials_commands_run_as_written(tmp_path: Path) -> None
     with (tmp_path / "ui.log").open("w") as log, subprocess.Popen([sys.executable, "-m", "scheduler", *args(commands[2])], stdout=subprocess.PIPE,
                           stderr=log, text=True,
                           env={**env, "SCHEDULER_UI_LISTEN": "127.0.0.1:0"}) as page:
-        assert page.stdout is not None
-        threading.Thread(target=lambda: lines.extend(iter(page.stdout.readline, "")), daemon=True).start()
+        stdout = page.stdout
+        assert stdout is not None
+        threading.Thread(target=lambda: lines.extend(iter(stdout.readline, "")), daemon=True).start()
         try:
             first = wait_until(lambda: next((line for line in lines if "status page at " in line), None)
                                or (f"exited {page.returncode}" if page.poll() is not None else None),
                                timeout_s=60, what="scheduler ui to print its address")
-            assert "status page at " in first, (first, (tmp_path / "ui.log").read_text())
+            assert first is not None and "status page at " in first, (first, (tmp_path / "ui.log").read_text())
             base = first.split("status page at ")[1].split()[0]
             assert 'id="logged-in"' in _logged_in(base, "ops", secrets["ops"])
             tenant = _logged_in(base, "acme-desk", secrets["acme-desk"])
