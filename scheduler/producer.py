@@ -75,6 +75,7 @@ from scheduler.model import (
     check_name,
     check_run_at_ms,
     encode_payload,
+    minute_bucket,
     to_ms,
     valid_max_attempts,
 )
@@ -304,6 +305,15 @@ class Client:
                     f"this task is due {(now - run_at_ms) / 1000:.0f} s ago, and a client without a hand-off can "
                     f"only submit a task up to {LATE_WRITE_LIMIT_MS // 1000} s after its time (dispatchers find "
                     "rows written later only through the hand-off): make the client with scheduler.connect()"
+                )
+            elif self.store is not None and now >= retention.expires_ms(minute_bucket(run_at_ms),
+                                                                        self.store.retention_s):
+                # Its task, if it ran, is past the retention and gone: storing it again
+                # would run it again rather than find it.
+                raise InvalidTask(
+                    f"this keyed task was due {(now - run_at_ms) / 86_400_000:.1f} days ago, past the store's "
+                    f"retention ({retention.describe(self.store.retention_s)}): a key names one task only that "
+                    "long, and a task it named then is gone; submit it without the key, or with a new one"
                 )
         elif delay is not None:
             seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay

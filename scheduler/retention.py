@@ -12,13 +12,18 @@ their `kept_until` a bounded number at a time.
 Why the minute and not the moment a task finished: the finish is known only to the
 worker's status write, which cannot give the payload cells written at submit a new TTL
 without writing them again. So a task far in the future keeps its rows until its minute
-plus the retention; a task that never fired by then (an outage longer than the
-retention) is removed too, which is why the default is days.
+plus the retention; on Cassandra a task that never fired by then (an outage longer
+than the retention) is removed too, which is why the default is days (the embedded
+purge never passes a shard's cursor). And on Cassandra a task whose retries run longer
+than the retention after its minute loses its fields before its last status: it reads
+as expired while its retries still run.
 
 One write is kept longer: a cancel writes the task's row again with at least
-`CANCEL_KEPT_S`, the longest a retry may wait plus a day. A retry scheduled before the
-cancel then always finds the cancel in the home row, whatever the retention; without
-it, a retention shorter than a retry's wait would let a cancelled task run again.
+`cancel_kept_s`: the longest a retry may wait, plus the longest it may then wait to be
+fired and consumed, plus a day. A retry scheduled before the cancel then finds the
+cancel in the home row, whatever the retention; without it, a retention shorter than a
+retry's wait would let a cancelled task run again. (An attempt still running more than
+a day after the cancel, that then fails, schedules a retry the floor may not cover.)
 
 The retention is recorded in the store (`scheduler retention set`), so every process
 writing a partition gives it the same end; a process reads it when it opens the store.
@@ -31,6 +36,7 @@ from datetime import UTC, datetime
 
 from scheduler.errors import ConfigError
 from scheduler.model import BUCKET_MS, MAX_RETRY_DELAY_S, TaskId, minute_bucket
+from scheduler.settings import QUEUE_RETENTION_MS
 
 DEFAULT_RETENTION_S = 7 * 86_400
 MIN_RETENTION_S = 60
@@ -45,8 +51,11 @@ write past them. A day short of it, for clock skew between client and server. A 
 that would expire later carries no TTL at all: a task due after about 2038 is kept
 with no expiry, never refused and never cut short."""
 
-CANCEL_KEPT_S = int(MAX_RETRY_DELAY_S) + 86_400
-"""Least a cancel keeps the task's row: the longest wait of a retry it stops, plus a day."""
+def cancel_kept_s(retention_s: int) -> int:
+    """Least a cancel keeps the task's row: the longest wait of a retry it stops, plus the
+    longest that retry may then lie unfired or unconsumed (the retention, or the queues'
+    7 days, whichever is longer), plus a day. 15 days at the default retention."""
+    return int(MAX_RETRY_DELAY_S) + max(retention_s, QUEUE_RETENTION_MS // 1000) + 86_400
 
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 

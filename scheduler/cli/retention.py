@@ -26,13 +26,15 @@ def retention() -> None:
     until the end of the minute it was due plus the retention, then removed: on
     Cassandra by TTLs written with every row, on the embedded backend by the
     dispatcher, a bounded number of rows at a time. A task due in a month is kept a
-    month plus the retention. A task not fired by then (an outage longer than the
-    retention) is removed too: keep days in production. Default 7d.
+    month plus the retention; a cancelled task at least 15 days. On Cassandra a task
+    not fired by then (an outage longer than the retention) is removed too: keep
+    days in production. Default 7d.
 
     \b
     Writers read the retention when they open the store: restart the dispatchers,
-    workers and producers for a change to reach them. On Cassandra a change applies
-    to rows written from then on; the embedded backend applies it to every row.
+    workers and producers for a change to reach them. A change applies to rows
+    written from then on (on the embedded backend a longer one also keeps the rows
+    already stored longer).
     """
 
 

@@ -208,9 +208,9 @@ class TaskStore(Protocol):
     def set_retention(self, seconds: int) -> None:
         """Record a new retention (checked by `retention.check_retention`; `ConfigError`
         and nothing changed if it is not one). Rows written from then on by this store,
-        and by processes that open the store after, get it. On Cassandra rows already
-        written keep theirs (their TTL); the embedded store purges every row by the
-        retention recorded when it purges, so there it applies to them too."""
+        and by processes that open the store after, get it; rows already written keep
+        the end they were written with (on the embedded store a longer retention also
+        keeps them longer: its purge reads the one recorded when it runs)."""
         ...
 
     def purge_expired(self, now_ms: int, limit: int) -> int:

@@ -17,10 +17,10 @@ from scheduler.errors import ConfigError, InvalidTask
 from scheduler.model import BUCKET_MS, MAX_COST, Partition, Priority, Task, TaskId, decode_payload, minute_bucket
 from scheduler.ports import BadRow, CancelOutcome, HomeStatus, StatusReport, StoredTask, TaskStatus, TaskStore
 from scheduler.retention import (
-    CANCEL_KEPT_S,
     DEFAULT_RETENTION_S,
     MAX_RETENTION_S,
     MIN_RETENTION_S,
+    cancel_kept_s,
     expires_ms,
     task_expires_ms,
 )
@@ -753,7 +753,7 @@ def test_a_cancelled_task_is_kept_as_long_as_a_retry_it_stops_may_wait(tmp_path:
         assert store.cancel(task.id, task.tenant) is CancelOutcome.CANCELLED
         assert store.purge_expired(expires_ms(task.minute_bucket, MIN_RETENTION_S) + DAY_MS, 100) == 0
         assert store.get(task.id).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
-        assert store.purge_expired(now + (CANCEL_KEPT_S + 60) * 1000, 100) == 1
+        assert store.purge_expired(now + (cancel_kept_s(MIN_RETENTION_S) + 60) * 1000, 100) == 1
 
 
 def test_a_retention_is_recorded_in_the_file_and_a_purge_follows_another_processes_change(tmp_path: Path) -> None:
@@ -800,3 +800,20 @@ def test_a_recorded_retention_that_is_not_one_is_refused_when_the_store_opens(tm
         db.execute("UPDATE meta SET value = '5' WHERE name = 'retention_s'")
     with pytest.raises(ConfigError, match="retention"):
         SqliteTaskStore(path)
+
+
+def test_a_partition_no_shard_has_fired_through_is_never_purged(tmp_path: Path) -> None:
+    """A machine switched off for longer than the retention: its dispatchers' cursors are
+    far behind, and the tasks they have not fired yet stay until they have."""
+    with closing(SqliteTaskStore(tmp_path / "tasks.db", clock_ms=lambda: SOON_MS - 60_000)) as store:
+        tasks = in_partition(store.shard_count, SOON_MS, 4, 3)
+        assert store.insert(tasks) == []
+        later = expires_ms(SOON_MS, store.retention_s) + DAY_MS
+        for shard in range(store.shard_count - 1):
+            assert store.take_shard(shard, "d", 1) and store.advance_shard(shard, 1, later)
+        assert store.take_shard(store.shard_count - 1, "d", 1)  # taken, never fired
+        assert store.purge_expired(later, 100) == 0
+        assert store.advance_shard(store.shard_count - 1, 1, SOON_MS - 1)  # behind the minute still
+        assert store.purge_expired(later, 100) == 0
+        assert store.advance_shard(store.shard_count - 1, 1, SOON_MS + BUCKET_MS - 1)  # fired through it
+        assert store.purge_expired(later, 100) == 3

@@ -21,7 +21,7 @@ from tests.support import wait_until
 from tests.tasks import in_partition, make_task
 from tests.workers import Workers
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
 READY = KafkaSettings().ready_topic("low")
 WEEK_MS = 7 * 86_400_000
@@ -43,7 +43,7 @@ def test_the_dispatcher_purges_expired_tasks_and_messages(embedded: tuple[Fleet,
         queue.write([(READY, 0, [b"a", b"b", b"c"])], stamps=[now - WEEK_MS - 60_000])
 
         dispatcher = fleet.start("a")
-        wait_until(lambda: store.count() == 1 and len(queue.read_from(READY, 0, 0, 10)) == 1, timeout_s=60,
+        wait_until(lambda: store.count() == 1 and len(queue.read_from(READY, 0, 0, 10)) == 1, timeout_s=130,
                    what="the dispatcher to purge the expired rows")
         assert store.get(later.id) is not None
         assert queue.read_from(READY, 0, 0, 10) == [(2, b"c")]

@@ -14,7 +14,7 @@ from scheduler import retention
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.model import BUCKET_MS, TaskId, minute_bucket
-from scheduler.ports import CancelOutcome, StatusReport, TaskStatus
+from scheduler.ports import CancelOutcome, HomeStatus, StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
 from tests.dispatchers import Deployment
 from tests.readme import check_retention_commands
@@ -93,8 +93,8 @@ def test_every_write_carries_the_ttl_that_ends_with_its_partition(
         # A cancel keeps the whole row at least as long as a retry it stops may wait.
         assert store.cancel(cancelled.id, cancelled.tenant) is CancelOutcome.CANCELLED
         payload_ttl, status_ttl = _ttls(cassandra, keyspace.keyspace, cancelled.id)
-        assert payload_ttl is not None and payload_ttl >= retention.CANCEL_KEPT_S - 30
-        assert status_ttl is not None and status_ttl >= retention.CANCEL_KEPT_S - 30
+        assert payload_ttl is not None and payload_ttl >= retention.cancel_kept_s(86_400) - 30
+        assert status_ttl is not None and status_ttl >= retention.cancel_kept_s(86_400) - 30
         stored = store.get(cancelled.id)
         assert stored is not None and stored.status is TaskStatus.CANCELLED and stored.task == cancelled
 
@@ -138,12 +138,17 @@ def test_a_finished_task_is_gone_after_a_short_retention_and_one_not_yet_due_is_
     gone_after_s = (_now_ms() - done_at) / 1000
     # Kept the retention after its minute or its report, whichever is later: at least 1 min.
     assert gone_after_s >= 55, gone_after_s
-    row = cassandra.session.execute(
-        f"SELECT * FROM {deployment.cassandra.keyspace}.tasks_by_bucket "
-        "WHERE minute_bucket = %s AND shard = %s AND run_at = %s AND task_id = %s",
-        (minute_bucket(finished.run_at_ms), finished.shard(64), finished.run_at_ms, finished.uuid),
-    ).one()
-    assert row is None, row  # no cell of it is left, status and history included
+
+    def row() -> object:
+        return cassandra.session.execute(
+            f"SELECT * FROM {deployment.cassandra.keyspace}.tasks_by_bucket "
+            "WHERE minute_bucket = %s AND shard = %s AND run_at = %s AND task_id = %s",
+            (minute_bucket(finished.run_at_ms), finished.shard(64), finished.run_at_ms, finished.uuid),
+        ).one()
+
+    # No cell of it is left, status and history included (a report after the task's minute
+    # ended outlives its other cells by the difference: seconds here).
+    wait_until(lambda: row() is None, timeout_s=60, what="the finished task's status cells to expire")
     assert client.expired(finished) is True
     shown = run_cli("get", str(finished), env={**os.environ, **deployment.fleet.env})
     assert shown.returncode == 1
@@ -157,3 +162,26 @@ def test_a_finished_task_is_gone_after_a_short_retention_and_one_not_yet_due_is_
 
 def test_the_readmes_retention_commands_run_as_written(keyspace: CassandraSettings) -> None:
     check_retention_commands(_env(keyspace))
+
+
+def test_a_cancel_outliving_its_tasks_fields_still_stops_its_retries(
+    keyspace: CassandraSettings, cassandra: CassandraConnection
+) -> None:
+    """A task written again after its cancel (a keyed resubmit) gives its fields a shorter
+    TTL than the cancel's; once they expire the row holds only the cancel, which the
+    worker's home-row check must still see."""
+    store = CassandraTaskStore.open(keyspace)
+    try:
+        task = make_task(_now_ms() + 3_600_000, key="order-17")
+        assert store.insert([task]) == []
+        assert store.cancel(task.id, task.tenant) is CancelOutcome.CANCELLED
+        # The task's fields written again with a TTL of a second, as a shorter-lived write would.
+        cassandra.session.execute(
+            f"UPDATE {keyspace.keyspace}.tasks_by_bucket USING TTL 1 SET tenant = %s, attempt = 1 "
+            "WHERE minute_bucket = %s AND shard = %s AND run_at = %s AND task_id = %s",
+            (task.tenant, minute_bucket(task.run_at_ms), task.id.shard(64), task.run_at_ms, task.id.uuid),
+        )
+        wait_until(lambda: store.get(task.id) is None, timeout_s=10, what="the task's fields to expire")
+        assert store.statuses([task.id]) == {task.id: HomeStatus(TaskStatus.CANCELLED, 1)}
+    finally:
+        store.close()

@@ -205,6 +205,18 @@ def test_a_keyed_run_at_in_the_past_is_kept_so_retries_still_agree(client: Clien
     assert client.submit("sms", run_at=past, idempotency_key="late") == first
 
 
+def test_a_keyed_task_due_before_the_retention_is_refused_and_nothing_is_stored(store: SqliteTaskStore) -> None:
+    """Its key named a task only for the retention: storing it again would run it again."""
+    client = Client(store, tenant="board", now_ms=lambda: NOW_MS, handoff=RecordingHandoff())
+    store.set_retention(86_400)
+    kept = from_ms(NOW_MS - 86_400_000 + 60_000)  # its minute plus a day not over yet
+    assert client.submit("sms", run_at=kept, idempotency_key="yesterday").run_at_ms == NOW_MS - 86_340_000
+    gone = from_ms(NOW_MS - 2 * 86_400_000)
+    with pytest.raises(InvalidTask, match=r"past the store's retention \(1d\)"):
+        client.submit("sms", run_at=gone, idempotency_key="two-days-ago")
+    assert store.count() == 1
+
+
 def submissions(count: int, **overrides: Any) -> Iterator[Submission]:
     for n in range(count):
         yield Submission(type="sms", payload={"n": n}, run_at=from_ms(NINE_OCLOCK_MS + n), **overrides)

@@ -64,7 +64,9 @@ def test_a_write_keeps_what_it_writes_at_least_the_retention(late_ms: int, reten
 
 def test_a_cancel_keeps_the_row_as_long_as_a_retry_may_wait() -> None:
     bucket = minute_bucket(NOW)
-    assert retention.ttl_s(bucket, 60, NOW, floor_s=retention.CANCEL_KEPT_S) >= 8 * DAY_S
+    assert retention.cancel_kept_s(60) == retention.cancel_kept_s(DAY_S) == 15 * DAY_S  # the queues' 7 days count
+    assert retention.cancel_kept_s(30 * DAY_S) == 38 * DAY_S
+    assert retention.ttl_s(bucket, 60, NOW, floor_s=retention.cancel_kept_s(60)) >= 15 * DAY_S
     assert retention.ttl_s(bucket, 60, NOW) <= 120
 
 

@@ -397,7 +397,10 @@ class CassandraTaskStore:
         found: dict[TaskId, HomeStatus] = {}
         for answer in self._home_rows("read_statuses", wanted.values()):
             for row in answer:
-                if row[1] is not None:  # a row holding only a status is not a task
+                # A row holding only a status still says what it says: a task written again
+                # (a keyed resubmit) gives its fields a shorter TTL than a cancel gave its
+                # status, and that cancel must still stop the task's retries.
+                if row[1] is not None or row[2] is not None:
                     found[wanted[row[0]]] = rows.home_status(row)
         return found
 
@@ -479,13 +482,13 @@ class CassandraTaskStore:
 
     def _cancel_batch(self, found: StoredTask) -> BatchStatement:
         """The cancel of `found` at its latest attempt, with its row written again (status
-        columns aside), both kept at least `retention.CANCEL_KEPT_S`: a row whose other
+        columns aside), both kept at least `retention.cancel_kept_s`: a row whose other
         cells expired would hold only the status, which the home-row check does not
         count as a task, and a retry waiting past the retention would run."""
         task = found.task
         bucket = minute_bucket(task.id.run_at_ms)
         key = rows.partition_key(bucket, task.id.shard(self._shard_count))
-        ttl = rows.packed_ttl(retention.ttl_s(bucket, self._retention_s, _now_ms(), floor_s=retention.CANCEL_KEPT_S))
+        ttl = rows.packed_ttl(retention.ttl_s(bucket, self._retention_s, _now_ms(), floor_s=retention.cancel_kept_s(self._retention_s)))
         report = StatusReport(task.id, found.latest_attempt, TaskStatus.CANCELLED)
         batch = rows.insert_batch(self._q["insert_task"], self.keyspace, key, [task], ttl)
         rows.add_rows(batch, self._q["set_status"], [_status_values(key, ttl, report)])
@@ -554,8 +557,10 @@ class CassandraTaskStore:
         key = rows.partition_key(partition.minute_bucket, partition.shard)
 
         def attempt(condition: str, values: tuple[object, ...]) -> Any:
-            # The fence and the rows end with the partition (a fence gone before its rows
-            # would let a stale owner write there again).
+            # The fence is kept as long as the rows this write makes. Rows written later
+            # (a late report, a cancel) may outlive it; a fenced write into the partition
+            # after that takes the first-write form again, which only matters for a
+            # partition written long after its retention.
             ttl_s = retention.ttl_s(partition.minute_bucket, self._retention_s, _now_ms())
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
             batch.add(self._q[condition], (ttl_s, *values))

@@ -22,9 +22,11 @@ Retention (`scheduler.retention`): the `meta` row `retention_s`, recorded when t
 is made (files made before it read as the default, and get it recorded when opened).
 A partition past it is deleted by `purge_expired`, a bounded number of rows a call,
 walking the primary key from its first column (`minute_bucket`): no index of its own,
-and no live row is read. Unlike Cassandra's, where each cell keeps the TTL it was
-written with, a changed retention applies here to the rows already stored: the purge
-goes by the value recorded at the time it runs.
+and no live row is read, but for the rows a later write keeps longer (`kept_until`, the
+latest end a write gave the row, as each Cassandra cell keeps its TTL: a late write, a
+late report, a cancel). The purge goes by the retention recorded when it runs and by
+each row's `kept_until`, so a shorter retention applies to rows written after it and a
+longer one to every row. It never reaches a partition a shard has not fired through.
 """
 
 from __future__ import annotations
@@ -263,7 +265,9 @@ class SqliteTaskStore:
 
         The retention is read from the file in the same transaction, so a purge follows
         a retention set by another process since this store was opened. Cancelled,
-        finished or not, every row of an expired partition goes (`scheduler.retention`)."""
+        finished or not, every row of an expired partition goes (`scheduler.retention`),
+        except rows a later write keeps longer and partitions a shard has not yet fired
+        through: a machine switched off for longer than the retention loses nothing."""
         if limit < 1:
             raise ValueError(f"limit must be positive, got {limit}")
         with self._transaction() as db:
@@ -271,6 +275,9 @@ class SqliteTaskStore:
             # expires_ms(bucket, retention) <= now_ms, solved for the bucket: a bound on
             # the key's first column, so the walk never reaches a live row.
             last_bucket = now_ms - BUCKET_MS - recorded_retention * 1000
+            fired = _fired_through_all(db, self._shard_count)
+            if fired is not None:  # never a partition a shard has not fired through: an outage
+                last_bucket = min(last_bucket, fired - BUCKET_MS + 1)  # longer than the retention loses nothing
             removed = db.execute(_PURGE_TASKS, (last_bucket, now_ms, limit)).rowcount
             if removed < limit:  # no expired task row is left: their partitions' fences can go
                 removed += db.execute(_PURGE_FENCES, (last_bucket, limit - removed)).rowcount
@@ -435,8 +442,8 @@ class SqliteTaskStore:
             if refusal is None:
                 assert found is not None  # a missing task is refused above
                 attempt = found.latest_attempt
-                # Kept past any retry the cancel stops (scheduler.retention.CANCEL_KEPT_S).
-                kept = self._kept_until(key[0], now, retention.CANCEL_KEPT_S)
+                # Kept past any retry the cancel stops (scheduler.retention.cancel_kept_s).
+                kept = self._kept_until(key[0], now, retention.cancel_kept_s(self._retention_s))
                 db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None, kept,
                                             *key, attempt, attempt, TaskStatus.CANCELLED.rank))
             if cancels.may_be_in_flight(task_id.run_at_ms, now):  # in the same transaction as the status
@@ -551,6 +558,16 @@ def add_missing_columns(db: sqlite3.Connection) -> None:
         present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
         if column not in present:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
+
+
+def _fired_through_all(db: sqlite3.Connection, shard_count: int) -> int | None:
+    """How far every shard has fired (the lowest cursor; one far in the past while any
+    shard has none yet), or None if no shard was ever taken: a store no dispatcher has
+    run on, whose purge only its tests call."""
+    taken, fired, lowest = db.execute("SELECT count(*), count(fired_through), min(fired_through) FROM shards").fetchone()
+    if not taken:
+        return None
+    return int(lowest) if fired == shard_count else -(1 << 62)
 
 
 def _recorded_retention(row: tuple[str] | None, path: str | Path) -> int:
