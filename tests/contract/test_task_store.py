@@ -346,7 +346,11 @@ def test_get_many_returns_exactly_the_existing_home_rows_with_their_statuses(sto
     assert found[here[3].id].status is TaskStatus.SCHEDULED and found[here[3].id].error is None
     assert store.get_many([]) == {}
     assert store.get_many([t.id for t in missing_here]) == {}
-    assert statuses == as_statuses(found)  # the same verdicts, read without the rest of the row
+    # The same verdicts, read without the rest of the row; a report on a row that holds
+    # nothing else (Cassandra keeps one: a report is a write) still says what it says.
+    ghost_says = statuses.pop(ghost.id, None)
+    assert ghost_says in (None, HomeStatus(TaskStatus.DONE, 1))
+    assert statuses == as_statuses(found)
     assert store.statuses([]) == {} and store.statuses([t.id for t in missing_here]) == {}
 
 
