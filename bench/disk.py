@@ -107,14 +107,15 @@ def settle(session: Session, keyspace: str, table: str, directories: list[Path],
         set_flush_period(session, keyspace, table, FLUSH_PERIOD_MS)
     try:
         quiet_since: float | None = None
-        last: DiskUsage | None = None
+        last: tuple[int, int, int] | None = None
         if flush:
             time.sleep(2 * FLUSH_PERIOD_MS / 1000)
         while (now := time.monotonic()) - started < timeout_s:
             current = usage(directories)
-            busy = (running_compactions(session, keyspace, table) > 0 or current.writing > 0
-                    or (last is not None and (current.sstables, current.bytes) != (last.sstables, last.bytes)))
-            last = current
+            # A compaction that ended between two looks shows in the history, if nowhere else.
+            state = (current.sstables, current.bytes, compacted(session, keyspace, table).compactions)
+            busy = running_compactions(session, keyspace, table) > 0 or current.writing > 0 or state != last
+            last = state
             if busy:
                 quiet_since = None
             elif quiet_since is None:

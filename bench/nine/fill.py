@@ -183,7 +183,7 @@ def fill(settings: CassandraSettings, tasks: int, processes: int, text_len: int,
         "partitions": partitions, "processes": processes, "seconds": round(seconds, 1),
         "rows_per_s": round(rows / seconds), "writes_per_s": round((rows + reports) / seconds),
         "settle_s": round(settle_s, 1), "settled": settled, "settle_quiet_s": FILL_SETTLE_QUIET_S,
-        "loadavg_after": os.getloadavg(), "compactions": history.as_dict(),
+        "loadavg_after": os.getloadavg(), "settled_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "compactions": history.as_dict(),
         "disk": None if disk is None else {
             **disk.as_dict(), "bytes_per_task": round(disk.bytes / rows, 1) if rows else None,
             "data_bytes_per_task": round(disk.data_bytes / rows, 1) if rows else None,
