@@ -239,7 +239,7 @@ def expired_kept(samples: list[dict[str, Any]], first_expiry_s: float) -> dict[s
 
     def share(sample: dict[str, Any]) -> float | None:
         expired = sample["tasks"] * sample["expired_task_share"]
-        if expired < 0.05 * sample["tasks"]:
+        if not sample["tasks"] or per_task <= 0 or expired < 0.05 * sample["tasks"]:
             return None
         live: float = sample["tasks"] - expired
         kept: float = max(0.0, sample["bytes"] - live * per_task) / (expired * per_task)
