@@ -20,6 +20,12 @@ payload. In one run, on a fresh keyspace, topic prefix and ZooKeeper root:
 3. `--dispatchers` processes (`scheduler dispatcher --shards auto --lease-timeout 10`)
    start and take the 64 shards between them. Their stats file and RSS are sampled at
    baseline (M - 62 s, wheels empty) and just before M (the minute loaded).
+With `--fill N`, before the ceiling, N other tasks are written into the keyspace (half
+done in past minutes, half due in future ones, all hours from M; `bench/nine/fill.py`),
+the memtable is flushed and the bench waits until the table's compactions have settled;
+the fill's rows/s, the settle time and the table's bytes on disk (a task, a partition)
+are reported, and the burst's figures can be set against a run without it.
+
 4. A reader (a thread or a process, `--reader`) takes every message of the four ready
    topics from offset 0, with the broker's timestamp (the bench sets the ready topics
    to `LogAppendTime`, so the timestamp is when Kafka stored the message). It stops
@@ -81,6 +87,7 @@ How to run
     .venv/bin/python bench/nine_oclock.py --scenario failover --out /tmp/nine-failover.json
     .venv/bin/python bench/nine_oclock.py --scenario pause --backend embedded --out /tmp/nine-pause-e.json
     .venv/bin/python bench/nine_oclock.py --scenario fairness --out /tmp/nine-fair.json
+    .venv/bin/python bench/nine_oclock.py --fill 10000000 --out /tmp/nine-fill.json   # a full table
 
 The servers are found as the scheduler finds them (`SCHEDULER_CASSANDRA_HOSTS`,
 `SCHEDULER_CASSANDRA_PORT`, `SCHEDULER_KAFKA_BOOTSTRAP`, `SCHEDULER_ZOOKEEPER_HOSTS`;
@@ -99,6 +106,7 @@ This file is the command line and the exit status; the rest is in `bench/nine/`:
     common.py      `BenchFailure`, the millisecond clock, progress lines on stderr
     progress.py    the progress bar on stderr (a terminal only)
     workload.py    the burst's tasks (`Burst`) and their ingest through the SDK
+    fill.py        `--fill`: other tasks in the table before the burst, its settling and bytes on disk
     backends.py    the two backends: deployment, ceiling, ingest and reader of each
     deployment.py  the keyspace, topics and ZooKeeper root; the dispatcher processes
     disruption.py  the kill or pause of a failover or pause run, and the re-owning of shards
@@ -243,6 +251,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                              "every second for the whole run, as Prometheus would: measures what the metrics cost "
                              "(run with and without it, alternately); the document's `metrics` says how the "
                              "scrapes went and what the endpoints counted")
+    parser.add_argument("--fill", type=int, default=0, metavar="N",
+                        help="before the burst, write N other tasks into the keyspace (half done in past minutes, "
+                             "half due in future ones, all hours from the burst), let the table's compactions "
+                             "settle, and report the fill's rate and the table's bytes on disk (default 0: none; "
+                             "--backend cassandra only)")
+    parser.add_argument("--fill-processes", type=int, default=2,
+                        help="processes writing the fill (1-16, default 2)")
     parser.add_argument("--no-align", dest="align", action="store_false",
                         help="start the burst at the first whole second at least the lead ahead instead of a "
                              "minute boundary (quick checks: no wait for the next minute; the burst may straddle "
@@ -274,6 +289,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
             parser.error(f"--scenario {args.scenario} needs --dispatchers 2 or more: one to lose, one to take over")
         if not 0 <= args.event_at_s <= args.spread_s or args.pause_s <= 0:
             parser.error("--event-at-s 0 to --spread-s, --pause-s above 0")
+    if args.fill < 0 or not 1 <= args.fill_processes <= 16:
+        parser.error("--fill >= 0, --fill-processes 1 to 16")
+    if args.fill and args.backend != "cassandra":
+        parser.error("--fill needs --backend cassandra")
     if args.backend == "embedded":
         args.reader = "thread"  # the SQLite queue is followed on a thread; --reader is for Kafka
     if args.plot is None and args.out is not None:
@@ -282,7 +301,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, Options]:
                          args.lead_s, args.reader, args.ceiling_messages, args.keep, args.work_dir, args.py_spy,
                          args.workers, args.worker_concurrency, args.align, args.scenario,
                          args.event_at_s if args.scenario in ("failover", "pause") else None, args.pause_s,
-                         args.backend, mix, args.metrics)
+                         args.backend, mix, args.metrics, args.fill, args.fill_processes)
 
 
 def defaults(name: str, form: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,7 @@ def table(doc: dict[str, Any]) -> list[str]:
         + f"): {settings['tasks']:,} tasks due over {settings['spread_s']} s "
         f"({doc['burst']['due_per_s']:,}/s) at {doc['burst']['minute']}, {settings['dispatchers']} dispatcher(s), "
         f"reader in a {settings['reader']}",
+        *fill_lines(doc.get("fill"), number),
         f"  ingest (SDK)            {number(doc['ingest']['rows_per_s'])} rows/s",
         ceiling_line(doc["ceiling"], number),
         f"  load of minute M        {number(doc['load']['seconds'], ' s')} "
@@ -351,6 +352,23 @@ def fairness_lines(fair: dict[str, Any], ceiling: dict[str, Any], number: Any) -
            if weights.get("gold_units") is not None else ""),
     ]
     return lines
+
+
+def fill_lines(fill: dict[str, Any] | None, number: Callable[..., str]) -> list[str]:
+    """The `--fill` lines: its rate, the settle time, the table on disk."""
+    if not fill:
+        return []
+    disk = fill["disk"]
+    return [
+        f"  fill                    {fill['rows']:,} tasks ({fill['past_done']:,} done, {fill['future']:,} due; "
+        f"{fill['partitions']:,} partitions) in {number(fill['seconds'], ' s')}: {number(fill['rows_per_s'])} "
+        f"rows/s by {fill['processes']} process(es), {number(fill['writes_per_s'])} writes/s with the reports",
+        f"  fill settled            after {number(fill['settle_s'], ' s')}"
+        + ("" if fill["settled"] else " (TIMED OUT)")
+        + (f"; table {disk['bytes'] / 2**20:,.1f} MiB on disk in {disk['sstables']} SSTables: "
+           f"{number(disk['bytes_per_task'], ' B')} a task, {number(disk['bytes_per_partition'], ' B')} a partition"
+           if disk else "; the table's files are not on this machine"),
+    ]
 
 
 def emit(document: dict[str, Any], out: Path | None, as_json: bool) -> None:

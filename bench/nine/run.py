@@ -44,6 +44,7 @@ from .common import BenchFailure, clock, echo, now_ms
 from .deployment import Fleet, Profiler
 from .disruption import Disruption
 from .fairness import apply_limits, fairness_checks, fairness_figures, submissions
+from .fill import FillPlan, fill
 from .proc import cpu_snapshot, cpu_window, server_pids
 from .progress import Phases
 from .report import analyse, handling_figures, judge, memory_figures, relative
@@ -100,6 +101,12 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
              + ", ".join(f"{name} {row['weight']}" for name, row in document["limits"]["tenants"].items()))
 
     text_len = text_length_for(options.payload_bytes)
+    fill_plan: FillPlan | None = None
+    if options.fill:
+        if not isinstance(backend, ServerBackend):
+            raise BenchFailure("--fill needs --backend cassandra")
+        document["fill"], fill_plan = fill(backend.deployment.cassandra, options.fill, options.fill_processes,
+                                           text_len, lambda stored: phases.update("fill", stored, options.fill))
     like = Burst(now_ms(), options.tasks, options.spread_s * 1000, text_len, options.tenants)
     label = "kafka ceiling" if backend.name == "cassandra" else "sqlite queue ceiling"
     echo(f"{label}: producing {options.ceiling_messages:,} messages ...")
@@ -111,6 +118,8 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
     estimate_s = options.tasks / ASSUMED_INGEST_ROWS_PER_S + 2
     align_ms = BUCKET_MS if options.align else 1000
     minute_ms = math.ceil((now_ms() + (estimate_s + options.lead_s) * 1000) / align_ms) * align_ms
+    if fill_plan is not None and minute_ms + BUCKET_MS >= fill_plan.future_first_ms:
+        raise BenchFailure("the burst's minute reaches the fill's future minutes")
     burst = Burst(minute_ms, options.tasks, options.spread_s * 1000, text_len, options.tenants)
     document["burst"] = {"minute": datetime.fromtimestamp(minute_ms / 1000, timezone.utc).isoformat(),
                          "minute_ms": minute_ms, "due_per_s": round(options.tasks / options.spread_s)}
@@ -156,6 +165,7 @@ def run(options: Options, cleanup: list[Callable[[], None]], document: dict[str,
         if options.reader == "process":
             pids["bench"] = os.getpid()
         baseline = fleet.sample("baseline")
+        document.setdefault("machine", {})["loadavg_before_load"] = os.getloadavg()  # others' load while M is read
         baseline_ms, cpu_before_load = now_ms(), cpu_snapshot(pids)
         baseline_clean = baseline["waiting"] == 0 and baseline_ms < load_ms
         for profiler in profilers:

@@ -137,3 +137,7 @@ class Options:
     """fairness: the workload and limits; None in the other scenarios."""
     metrics: bool = False
     """Every process with `--metrics-port 0`, scraped every second (`bench.scraper`)."""
+    fill: int = 0
+    """Other tasks written into the keyspace before the burst (`fill.py`); 0: none."""
+    fill_processes: int = 2
+    """Processes writing the fill."""

@@ -53,7 +53,7 @@ def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     for option in ("--tasks", "--spread-s", "--dispatchers", "--payload-bytes", "--tenants", "--lead-s", "--out",
                    "--keep", "--reader", "--scenario", "--event-at-s", "--pause-s", "--plot", "--workers",
                    "--no-align", "--backend", "--global-rate", "--board-tasks", "--board-cost", "--metrics",
-                   "--weight-tasks", "--college-tasks", "--college-at-s"):
+                   "--weight-tasks", "--college-tasks", "--college-at-s", "--fill", "--fill-processes"):
         assert option in shown.stdout
     text = " ".join(shown.stdout.split())  # argparse wraps the help to the terminal's width
     assert "failover:" in text and "pause:" in text and "150,000 (failover, pause)" in text
@@ -64,6 +64,40 @@ def test_help_describes_every_option_and_a_bad_one_is_a_usage_error() -> None:
     alone = subprocess.run([sys.executable, str(BENCH), "--scenario", "failover", "--dispatchers", "1"],
                            capture_output=True, text=True, timeout=50)
     assert alone.returncode == 2 and "needs --dispatchers 2 or more" in alone.stderr
+    embedded = subprocess.run([sys.executable, str(BENCH), "--fill", "10", "--backend", "embedded"],
+                              capture_output=True, text=True, timeout=50)
+    assert embedded.returncode == 2 and "--fill needs --backend cassandra" in embedded.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_tiny_burst_after_a_fill_reports_the_fill_and_is_published_whole_never_early(
+    cluster: Cluster, cassandra: CassandraConnection, tmp_path: Path
+) -> None:
+    """20,000 other tasks first (half done in the past, half due in days), then the
+    burst at the next whole second: the fill is reported with its rate, its settling and
+    the table's bytes, and the burst loses nothing and fires nothing early among them."""
+    out = tmp_path / "fill.json"
+    code, stdout, stderr = run_bench(cluster_env(cluster), "--fill", "20000", "--tasks", str(TASKS),
+                                     "--spread-s", "2", "--lead-s", "10", "--no-align", "--ceiling-messages",
+                                     "10000", "--out", str(out))
+    assert code == 0, stderr
+    assert "  fill                    20,000 tasks (10,000 done, 10,000 due;" in stdout
+    document = json.loads(out.read_text())
+    fill = document["fill"]
+    assert fill["rows"] == 20_000 and fill["past_done"] == fill["done_reports"] == 10_000 and fill["future"] == 10_000
+    assert fill["settled"] and fill["seconds"] > 0 and fill["rows_per_s"] > 0
+    assert 0 < fill["partitions"] <= 20_000
+    # The local node's files are on this machine: every fill task is on disk after the flush.
+    assert fill["disk"]["sstables"] >= 1 and fill["disk"]["bytes_per_task"] > 100  # a 100 B payload each
+
+    delivery = document["delivery"]
+    assert delivery["expected"] == delivery["published"] == TASKS and delivery["lost"] == 0
+    assert delivery["unexpected"] == 0  # none of the fill's tasks was fired
+    assert document["lateness_ms"]["early"] == 0 and document["failures"] == []
+    keyspaces = {row.keyspace_name for row in cassandra.session.execute(
+        "SELECT keyspace_name FROM system_schema.keyspaces")}
+    assert document["deployment"]["keyspace"] not in keyspaces
 
 
 @pytest.mark.integration
