@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -16,10 +16,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE, make_digest_acl_credential
 
+from scheduler.adapters.teardown import remove_deployment
 from scheduler.adapters.zookeeper.coordinator import ZkCoordinator
 from scheduler.errors import ConfigError, CoordinatorAccessDenied
 from scheduler.ports import SessionState
 from scheduler.settings import ZooKeeperSettings
+from tests.cluster import Cluster
 from tests.support import wait_until
 
 USER = "scheduler-test"
@@ -231,3 +233,20 @@ def test_the_password_reaches_no_log(secured: Secured, caplog: pytest.LogCapture
                    what="kazoo's log of the Auth request")
     assert secured.password not in caplog.text
     assert all(secured.password not in record.getMessage() for record in caplog.records)
+
+
+def test_a_deployment_removed_with_the_identity_loses_its_restricted_root(
+    cluster: Cluster, secured: Secured, anonymous: KazooClient
+) -> None:
+    holder = secured.started("dispatcher-a")
+    assert holder.acquire(4) is not None
+    holder.close()
+    tag = uuid.uuid4().hex[:12]
+
+    warnings = remove_deployment(
+        replace(cluster.cassandra, keyspace=f"gone_{tag}"), replace(cluster.kafka, topic_prefix=f"gone_{tag}"),
+        ZooKeeperSettings(hosts=secured.hosts, root=ROOT, auth_file=secured.auth_file),
+    )
+
+    assert warnings == []
+    assert anonymous.exists(ROOT) is None
