@@ -67,6 +67,13 @@ class CoordinatorUnavailable(CoordinatorError):
     """No coordinator server answered within the connection timeout."""
 
 
+class CoordinatorAccessDenied(CoordinatorError, ConfigError):
+    """ZooKeeper answered, and refused the scheduler's authentication, or an operation
+    that the ACL of a node does not grant its identity (a wrong password, no identity on
+    a protected root, a root another identity made). A setting to fix, not an outage to
+    wait out: a `ConfigError` as well, so the CLI exits 2."""
+
+
 class QueueError(SchedulerError):
     """The queue (Kafka, or the embedded one) refused or lost a publish, or failed a read.
     After a failed publish, which messages were stored is unknown: publish them again

@@ -7,13 +7,18 @@ configured once in the environment. Defaults point at the local cluster that
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from scheduler.errors import ConfigError
 from scheduler.model import DEFAULT_SHARD_COUNT, check_shard_count
+
+log = logging.getLogger(__name__)
 
 LOCAL_REPLICATION = "{'class': 'SimpleStrategy', 'replication_factor': 1}"
 
@@ -164,6 +169,48 @@ class KafkaSettings:
 
 
 @dataclass(frozen=True)
+class ZooKeeperIdentity:
+    """The digest identity (`user:password`) the scheduler authenticates as, and the only
+    one its ACLs let create, change or delete its znodes."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def credential(self) -> str:
+        """`user:password`, as ZooKeeper's digest scheme takes it."""
+        return f"{self.user}:{self.password}"
+
+
+def read_zookeeper_identity(path: Path) -> ZooKeeperIdentity:
+    """The identity in the file at `path`: one line `user:password` (a trailing newline is
+    dropped; the user holds no ':', the password may). `ConfigError` names the file and
+    what is wrong with it, never what it holds. A file others may read is used, with a
+    warning."""
+    problem = f"ZooKeeper auth file {path}"
+    try:
+        data = path.read_bytes()
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise ConfigError(f"{problem} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{problem} is not UTF-8 text") from None
+    line = text.removesuffix("\n").removesuffix("\r")
+    user, colon, password = line.partition(":")
+    if not colon or not user or not password or "\n" in line or "\r" in line:
+        raise ConfigError(
+            f"{problem} does not hold one line user:password (a user name without ':', "
+            "then a non-empty password)"
+        )
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("ZooKeeper auth file %s may be read by other users (mode %o): chmod 600 it",
+                    path, stat.S_IMODE(mode))
+    return ZooKeeperIdentity(user, password)
+
+
+@dataclass(frozen=True)
 class ZooKeeperSettings:
     hosts: str = "127.0.0.1:2181"
     root: str = "/scheduler"
@@ -171,12 +218,22 @@ class ZooKeeperSettings:
     """The lease timeout: how long after a dispatcher dies (or pauses, or is cut off) its
     shards become free for others."""
     connect_timeout_s: float = 10.0
+    auth_file: Path | None = None
+    """A file holding `user:password`: the digest identity to authenticate as, and to
+    restrict the scheduler's znodes to (`identity`). None: no authentication, and the
+    znodes are open to anyone, as ZooKeeper makes them by default. Only the path is kept
+    here; the file is read when a connection is made."""
 
     def __post_init__(self) -> None:
         if not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
             raise ConfigError(f"ZooKeeper root {self.root!r} must start with '/' and not end with one")
         if not 0.5 <= self.session_timeout_s <= 600:
             raise ConfigError(f"session timeout {self.session_timeout_s} s is outside 0.5..600 s")
+
+    def identity(self) -> ZooKeeperIdentity | None:
+        """The identity of `auth_file`, read now (`ConfigError` if it cannot be), or None
+        without one."""
+        return None if self.auth_file is None else read_zookeeper_identity(self.auth_file)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ, **overrides: object) -> ZooKeeperSettings:
@@ -185,6 +242,8 @@ class ZooKeeperSettings:
             values["hosts"] = text
         if text := env.get("SCHEDULER_ZOOKEEPER_ROOT"):
             values["root"] = text
+        if text := env.get("SCHEDULER_ZOOKEEPER_AUTH_FILE"):
+            values["auth_file"] = Path(text)
         if text := env.get("SCHEDULER_LEASE_TIMEOUT_S"):
             try:
                 values["session_timeout_s"] = float(text)
@@ -196,7 +255,9 @@ class ZooKeeperSettings:
 
 def environment(cassandra: CassandraSettings, kafka: KafkaSettings, zookeeper: ZooKeeperSettings) -> dict[str, str]:
     """The `SCHEDULER_*` variables that make a `scheduler` process started with them find
-    these servers, keyspace, topics and ZooKeeper root."""
+    these servers, keyspace, topics and ZooKeeper root (and identity: the path of its
+    file, never what the file holds)."""
+    auth = {} if zookeeper.auth_file is None else {"SCHEDULER_ZOOKEEPER_AUTH_FILE": str(zookeeper.auth_file)}
     return {
         "SCHEDULER_CASSANDRA_HOSTS": ",".join(cassandra.hosts),
         "SCHEDULER_CASSANDRA_PORT": str(cassandra.port),
@@ -206,6 +267,7 @@ def environment(cassandra: CassandraSettings, kafka: KafkaSettings, zookeeper: Z
         "SCHEDULER_TOPIC_PREFIX": kafka.topic_prefix,
         "SCHEDULER_ZOOKEEPER_HOSTS": zookeeper.hosts,
         "SCHEDULER_ZOOKEEPER_ROOT": zookeeper.root,
+        **auth,
     }
 
 

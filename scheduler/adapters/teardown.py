@@ -25,6 +25,7 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
 
     from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, connect
     from scheduler.adapters.kafka.topics import delete_topics
+    from scheduler.adapters.zookeeper.security import client_options
     from scheduler.errors import SchedulerError
 
     warnings = []
@@ -60,13 +61,18 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
             time.sleep(0.1)
     except (SchedulerError, KafkaException) as exc:
         warnings.append(f"could not delete the topics {kafka.topic_prefix}.*: {exc}")
-    client = KazooClient(hosts=zookeeper.hosts, timeout=10)
+    try:
+        identity = zookeeper.identity()  # a root made with one is deleted only with it
+    except SchedulerError as exc:
+        warnings.append(f"could not delete the ZooKeeper root {zookeeper.root}: {exc}")
+        return warnings
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10, **client_options(identity))
     try:
         client.start(timeout=15)
         if client.exists(zookeeper.root):
             client.delete(zookeeper.root, recursive=True)
     except Exception as exc:  # kazoo raises many unrelated types; this is cleanup
-        warnings.append(f"could not delete the ZooKeeper root {zookeeper.root}: {exc}")
+        warnings.append(f"could not delete the ZooKeeper root {zookeeper.root}: {type(exc).__name__} {exc}")
     finally:
         client.stop()
         client.close()

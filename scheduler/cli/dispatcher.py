@@ -28,6 +28,12 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
 @click.option("--zookeeper-root", "zookeeper_root", default=ZooKeeperSettings().root,
               envvar="SCHEDULER_ZOOKEEPER_ROOT", show_envvar=True, show_default=True,
               help="ZooKeeper path under which members and leases live.")
+@click.option("--zookeeper-auth-file", "zookeeper_auth_file", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="SCHEDULER_ZOOKEEPER_AUTH_FILE", show_envvar=True,
+              help="File holding one line user:password (chmod 600): authenticate to ZooKeeper as this digest "
+                   "identity and make the members and leases writable by it alone (read: anyone). Default: no "
+                   "authentication, open znodes. A missing or malformed file is an error (exit 2); so is a "
+                   "ZooKeeper that refuses the identity.")
 @click.option("--lease-timeout", "lease_timeout_s", type=float, default=ZooKeeperSettings().session_timeout_s,
               envvar="SCHEDULER_LEASE_TIMEOUT_S", show_envvar=True, show_default=True,
               help="Seconds after which the shards of a dispatcher that died (or paused) go to others.")
@@ -69,8 +75,8 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
               envvar="SCHEDULER_LOG_LEVEL", show_envvar=True, show_default=True, help="Least severe log line written "
               "to stderr.")
 @store_options
-def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str, lease_timeout_s: float,
-               tick_ms: int, fire_gap_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
+def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str,
+               zookeeper_auth_file: Path | None, lease_timeout_s: float, tick_ms: int, fire_gap_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
                hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, metrics_types: int,
                metrics_port: int | None, metrics_host: str, log_level: str, backend: str, db: Path,
                **options: Any) -> None:
@@ -81,7 +87,8 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
     enforcing its share (shards held / shard count). Without any, they fire at once.
 
     Runs until SIGTERM or Ctrl-C, then gives its shards back so the other dispatchers
-    take them at once. Exits 3 when a server cannot be reached at start; while
+    take them at once. Exits 3 when a server cannot be reached at start, and 2 when
+    ZooKeeper refuses its identity (--zookeeper-auth-file) or lack of one; while
     running, it rides out servers that go away, firing late rather than never.
     """
     import signal
@@ -102,8 +109,10 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
         raise click.BadParameter(f"--tick-ms {tick_ms} does not divide 1000")
     metrics = start_metrics(metrics_host, metrics_port)  # before joining: a port in use fails now
     zookeeper = ZooKeeperSettings.from_env(hosts=zookeeper_hosts, root=zookeeper_root,
-                                           session_timeout_s=lease_timeout_s)
+                                           auth_file=zookeeper_auth_file, session_timeout_s=lease_timeout_s)
     settings = backend_settings(backend, db, zookeeper=zookeeper, **options)
+    if settings.backend == "cassandra":
+        zookeeper.identity()  # a bad auth file fails now (exit 2), before any server is touched
     name = member or f"{socket.gethostname()}-{os.getpid()}"
     with backends.open_dispatcher_parts(settings, name) as parts:
         config = DispatcherConfig(

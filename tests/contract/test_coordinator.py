@@ -84,8 +84,11 @@ def expire_zk_session(hosts: str, coordinator: Coordinator) -> None:
     intruder.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("zookeeper", marks=pytest.mark.integration)])
+@pytest.fixture(params=["sqlite", pytest.param("zookeeper", marks=pytest.mark.integration),
+                        pytest.param("zookeeper-acl", marks=pytest.mark.integration)])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """`zookeeper-acl`: ZooKeeper with an identity, so every znode is restricted to it; the
+    contract holds the same."""
     made: list[Coordinator] = []
 
     def keep(coordinator: Coordinator) -> Coordinator:
@@ -114,11 +117,19 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     else:
         hosts: str = request.getfixturevalue("zk_chroot")
         root_client: KazooClient = request.getfixturevalue("zk_root")
-        leases = hosts[hosts.index("/"):] + "/scheduler/leases"
-        settings = ZooKeeperSettings(hosts=hosts, session_timeout_s=ZK_SESSION_TIMEOUT_S, connect_timeout_s=10)
+        chroot = hosts[hosts.index("/"):]
+        leases = chroot + "/scheduler/leases"
+        auth_file = None
+        if request.param == "zookeeper-acl":
+            auth_file = tmp_path / "zookeeper-auth"
+            auth_file.write_text("scheduler:contract-password\n")
+            auth_file.chmod(0o600)
+            root_client.add_auth("digest", "scheduler:contract-password")  # to remove leases, and clean up
+        settings = ZooKeeperSettings(hosts=hosts, session_timeout_s=ZK_SESSION_TIMEOUT_S, connect_timeout_s=10,
+                                     auth_file=auth_file)
         nowhere = ZooKeeperSettings(hosts="127.0.0.1:1", connect_timeout_s=1)
         chosen = Backend(
-            name="zookeeper",
+            name=request.param,
             make=lambda: keep(ZkCoordinator(settings)),
             kill=partial(expire_zk_session, hosts),
             survives_kill=True,

@@ -289,3 +289,25 @@ def test_a_metrics_port_in_use_is_a_usage_error_before_anything_is_opened(comman
     assert result.returncode == Exit.USAGE, result.stderr
     assert f"--metrics-port {port}: the port is already in use on 127.0.0.1" in result.stderr
     assert not (tmp_path / "tasks.db").exists()  # nothing was opened, let alone joined
+
+
+@pytest.mark.parametrize("content", [None, "dispatcher-no-colon-s3cret\n", "dispatcher:\n"])
+def test_a_dispatcher_with_a_bad_zookeeper_auth_file_exits_2_naming_the_file_not_its_contents(
+    tmp_path: Path, content: str | None
+) -> None:
+    path = tmp_path / "zookeeper-auth"
+    if content is not None:
+        path.write_text(content)
+        path.chmod(0o600)
+    # Nothing listens on these ports: the file is checked before any server is touched.
+    env = {**os.environ, "SCHEDULER_CASSANDRA_HOSTS": "127.0.0.1", "SCHEDULER_CASSANDRA_PORT": "1",
+           "SCHEDULER_KAFKA_BOOTSTRAP": "127.0.0.1:1", "SCHEDULER_ZOOKEEPER_HOSTS": "127.0.0.1:1"}
+    by_option = run_cli("dispatcher", "--backend", "cassandra", "--zookeeper-auth-file", str(path), env=env,
+                        timeout_s=60)
+    by_variable = run_cli("dispatcher", "--backend", "cassandra",
+                          env={**env, "SCHEDULER_ZOOKEEPER_AUTH_FILE": str(path)}, timeout_s=60)
+
+    for result in (by_option, by_variable):
+        assert result.returncode == Exit.USAGE, result.stderr
+        assert f"error: ZooKeeper auth file {path} " in result.stderr
+        assert "s3cret" not in result.stderr + result.stdout

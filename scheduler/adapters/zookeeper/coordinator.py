@@ -5,6 +5,13 @@ Layout under `settings.root` (inside whatever chroot the hosts string names):
     <root>/members/<member>   ephemeral; data: {"member", "host", "pid"} as JSON
     <root>/leases/<shard>     ephemeral; data: the holder's member name
 
+With an identity (`ZooKeeperSettings.auth_file`) the client authenticates as it, and
+every znode it creates, the root among them, is writable by that identity alone
+(`security.py`). A root, `members` or `leases` that already exists open to anyone (made
+before an identity was configured) is given that ACL when the member joins, with a
+warning naming it. A request ZooKeeper refuses for want of rights or authentication is
+`CoordinatorAccessDenied`, a setting to fix rather than an outage to wait out.
+
 A lease is its znode. It lives as long as the session that created it, and the znode's
 `czxid` (the zxid of its create) is the fencing token: every new lease of a shard has a
 larger one than any before it. `Lease.session` is the kazoo session id; a lease is valid
@@ -59,14 +66,22 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    AuthFailedError,
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch
 
-from scheduler.errors import ConfigError, CoordinatorError, CoordinatorUnavailable
+from scheduler.adapters.zookeeper.security import acl_for, client_options, open_to_anyone
+from scheduler.errors import ConfigError, CoordinatorAccessDenied, CoordinatorError, CoordinatorUnavailable
 from scheduler.ports import Lease, SessionState
-from scheduler.settings import ZooKeeperSettings
+from scheduler.settings import ZooKeeperIdentity, ZooKeeperSettings
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +92,9 @@ _SETUP_ERRORS: tuple[type[Exception], ...] = (ValueError, *KAZOO_ERRORS)
 """What making a client of a malformed hosts string raises."""
 _CLOSE_ERRORS: tuple[type[Exception], ...] = (OSError, *KAZOO_ERRORS)
 """What stopping a client whose connection is already broken may raise."""
+_REFUSALS: tuple[type[Exception], ...] = (NoAuthError, AuthFailedError)
+"""What ZooKeeper answers to a request the ACL does not allow, or to a failed
+authentication: `CoordinatorAccessDenied`."""
 
 
 def check_member(member: str) -> str:
@@ -116,11 +134,13 @@ class ZkCoordinator:
     def __init__(self, settings: ZooKeeperSettings) -> None:
         self._settings = settings
         root = settings.root.rstrip("/")
+        self._root = root
         self._members_path = f"{root}/members"
         self._leases_path = f"{root}/leases"
         self._request_timeout_s = max(settings.session_timeout_s, 1.0)
         self._name_wait_s = settings.session_timeout_s + max(1.0, settings.session_timeout_s / 2)
         self._client: Any = None
+        self._identity: ZooKeeperIdentity | None = None
         self._member = ""
         self._on_state: Callable[[SessionState], None] = lambda state: None
         # `_lock` guards the session state and orders the notices; no I/O happens under it.
@@ -142,12 +162,14 @@ class ZkCoordinator:
 
     def start(self, member: str, on_state: Callable[[SessionState], None]) -> None:
         check_member(member)
+        identity = self._settings.identity()  # a bad auth file fails before anything is joined
         with self._lock:
             if self._started or self._closed:
                 raise CoordinatorError("this coordinator was started before; make a new one")
             self._started = True
         self._member = member
         self._on_state = on_state
+        self._identity = identity
         settings = self._settings
         try:
             client = KazooClient(
@@ -160,6 +182,7 @@ class ZkCoordinator:
                     "max_jitter": 0.2,
                     "max_delay": max(0.25, min(2.0, settings.session_timeout_s / 4)),
                 },
+                **client_options(identity),
             )
         except _SETUP_ERRORS as exc:
             raise ConfigError(f"ZooKeeper hosts {settings.hosts!r} are not usable: {exc}") from exc
@@ -293,7 +316,38 @@ class ZkCoordinator:
     def _join(self, session: int) -> None:
         for path in (self._members_path, self._leases_path):
             self._await(self._client.ensure_path_async(path), f"create {path}")
+        if self._identity is not None:
+            self._restrict_open_nodes(self._identity)
         self._register(session)
+
+    def _restrict_open_nodes(self, identity: ZooKeeperIdentity) -> None:
+        """Give the root, `members` and `leases` the identity's ACL where anyone may still
+        change them (made before an identity was configured), with a warning for each.
+        ZooKeeper checks creates and deletes against the parent's ACL, so this is what
+        protects the members and leases; the ephemeral ones already there go with their
+        sessions. An ACL that is not open is left as it is: an operator's choice, or
+        another identity's (whose root this member cannot use: its register fails).
+        The root "/" is never changed: it is not the scheduler's alone."""
+        acl = acl_for(identity)
+        for path in (self._root, self._members_path, self._leases_path):
+            if not path:
+                continue
+            what = f"restrict the ACL of {path}"
+            while True:
+                current, stat = self._await(self._client.get_acls_async(path), what)
+                if not open_to_anyone(current):
+                    break
+                try:
+                    self._await(self._client.set_acls_async(path, acl, version=stat.aversion), what,
+                                expected=(BadVersionError,))
+                except BadVersionError:
+                    continue  # changed meanwhile (another member doing the same): look again
+                log.warning(
+                    "ZooKeeper node %s was open to anyone; it is now writable by digest user %r only "
+                    "(read: anyone)", path, identity.user,
+                    extra={"action": "coordinator.acl_restricted", "member": self._member, "path": path},
+                )
+                break
 
     def _register(self, session: int) -> None:
         """Create this member's znode under `session`. A znode left by one of this
@@ -378,10 +432,30 @@ class ZkCoordinator:
             return request.get(timeout=self._request_timeout_s)
         except expected:
             raise
+        except _REFUSALS as exc:
+            raise CoordinatorAccessDenied(self._refusal(what, exc)) from exc
         except KAZOO_ERRORS as exc:
             raise CoordinatorError(
                 f"ZooKeeper at {self._settings.hosts} could not {what}: {type(exc).__name__} {exc}".rstrip()
             ) from exc
+
+    def _refusal(self, what: str, exc: Exception) -> str:
+        """Why ZooKeeper refused to `what`, and where to look: the identity's user and
+        file when there is one (never its password), the setting to give otherwise."""
+        settings = self._settings
+        refused = f"ZooKeeper at {settings.hosts} refused to {what}"
+        root = self._root or "/"
+        if isinstance(exc, AuthFailedError):
+            return f"{refused}: authentication failed ({type(exc).__name__}); check SCHEDULER_ZOOKEEPER_AUTH_FILE"
+        if self._identity is None:
+            return (
+                f"{refused}: the ACLs under {root} grant it only to an identity, and none is configured "
+                "(SCHEDULER_ZOOKEEPER_AUTH_FILE, --zookeeper-auth-file)"
+            )
+        return (
+            f"{refused}: the ACLs under {root} do not grant it to digest user {self._identity.user!r} of "
+            f"{settings.auth_file}; check that file's password, or whether another identity made {root}"
+        )
 
     def _usable_session(self, what: str) -> int:
         state, session = self._status
