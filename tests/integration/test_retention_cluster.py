@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 
 from scheduler import retention
+from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection
 from scheduler.adapters.cassandra.store import CassandraTaskStore
 from scheduler.model import BUCKET_MS, TaskId, minute_bucket
@@ -185,3 +186,19 @@ def test_a_cancel_outliving_its_tasks_fields_still_stops_its_retries(
         assert store.statuses([task.id]) == {task.id: HomeStatus(TaskStatus.CANCELLED, 1)}
     finally:
         store.close()
+
+
+def test_schema_apply_gives_the_task_table_a_short_gc_grace_also_on_an_existing_keyspace(
+    keyspace: CassandraSettings, cassandra: CassandraConnection
+) -> None:
+    def gc_grace() -> int:
+        row = cassandra.session.execute(
+            "SELECT gc_grace_seconds, compaction FROM system_schema.tables "
+            "WHERE keyspace_name = %s AND table_name = 'tasks_by_bucket'", (keyspace.keyspace,)).one()
+        assert row.compaction["class"].endswith("SizeTieredCompactionStrategy")
+        return int(row.gc_grace_seconds)
+
+    assert gc_grace() == 10_800
+    cassandra.session.execute(f"ALTER TABLE {keyspace.keyspace}.tasks_by_bucket WITH gc_grace_seconds = 864000")
+    schema.apply(cassandra, keyspace)  # as on a keyspace made before the option
+    assert gc_grace() == 10_800

@@ -25,6 +25,7 @@ _KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = 
 _USE = re.compile(r"USE \w+")
 _TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS) (\w+)")
 _ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ [\w<>, ]+)")
+_TABLE_OPTION = re.compile(r"(ALTER TABLE) (\w+)( WITH \w+ = \d+)")
 
 
 def schema_text() -> str:
@@ -78,6 +79,8 @@ def render(keyspace: str, replication: str, text: str | None = None) -> list[str
             rendered.append(_TABLE.sub(rf"\1 {keyspace}.\2", statement, count=1))
         elif _ADD_COLUMN.fullmatch(statement):
             rendered.append(_ADD_COLUMN.sub(rf"\1 {keyspace}.\2\3", statement, count=1))
+        elif _TABLE_OPTION.fullmatch(statement):  # a table option, set again on every apply
+            rendered.append(_TABLE_OPTION.sub(rf"\1 {keyspace}.\2\3", statement, count=1))
         else:
             raise StoreError(f"schema.cql holds a statement the renderer does not know: {statement[:60]!r}")
     return rendered
