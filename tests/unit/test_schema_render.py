@@ -39,7 +39,7 @@ def test_render_names_the_keyspace_and_replication_and_qualifies_every_table() -
 def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_keyspaces() -> None:
     statements = render("ks", NTS)
     (tasks,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.tasks_by_bucket ")]
-    added = [s for s in statements if s.startswith("ALTER TABLE")]
+    added = [s for s in statements if s.startswith("ALTER TABLE") and " ADD " in s]
     assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text",
                      "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int",
                      "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS history map<int, text>",
