@@ -13,7 +13,7 @@ import pytest
 
 from tests.support import EXTERNAL_CLUSTER_VARIABLES
 
-pytest_plugins = ["pytester", "tests.cluster"]
+pytest_plugins = ["pytester", "tests.cluster", "tests.secure_cluster"]
 
 INTEGRATION_DIR = Path(__file__).parent / "integration"
 

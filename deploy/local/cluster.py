@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from credentials import SCHEDULER_USER, Credentials
 from processes import cmdline, exited, open_pidfd, port_holder, port_is_free, rss_mb
 from servers import SERVER_TYPES, ClusterError, Kafka, NotReady, Server, Settings, ZooKeeper, zookeeper_mode
 
@@ -82,6 +83,8 @@ EXIT_INTERRUPTED = 130
 SERVER_KINDS = tuple(kind.kind for kind in SERVER_TYPES)
 NODE_COUNTS = (1, 3, 5)
 MULTI_NODE_HOST = "127.0.1.1"
+SECURE_HOST = "127.0.2.1"
+SECURE_ENV = "SCHEDULER_LOCAL_SECURE"
 JAVA_MAJOR = 17  # Cassandra 5.0 runs on 11 or 17, Kafka 4.1 needs 17+: 17 is the overlap.
 LOG_TAIL_LINES = 40
 LOG_TAIL_WIDTH = 300
@@ -153,10 +156,14 @@ def node_count(text: str) -> int:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    if args.secure and args.nodes != 1:
+        raise UsageError("--secure runs one node of each server; drop --nodes (or SCHEDULER_LOCAL_NODES)")
+    default_host = SECURE_HOST if args.secure else "127.0.0.1" if args.nodes == 1 else MULTI_NODE_HOST
     return Settings(
         cluster_dir=Path(args.cluster_dir).expanduser().resolve(),
-        host=args.host or ("127.0.0.1" if args.nodes == 1 else MULTI_NODE_HOST),
+        host=args.host or default_host,
         nodes=args.nodes,
+        secure=args.secure,
         zookeeper_peer_port=args.zookeeper_peer_port,
         zookeeper_election_port=args.zookeeper_election_port,
         cassandra_port=args.cassandra_port,
@@ -404,6 +411,9 @@ def start(servers: list[Server], all_servers: list[Server], timeout_s: float) ->
     if missing:
         fetch(list(missing.values()))
     java = find_java()
+    settings = servers[0].settings
+    if settings.secure:
+        settings.credentials.ensure([settings.node_host(node) for node in range(1, settings.nodes + 1)])
     outcomes = [Outcome(server) for server in servers]
     aborted = threading.Event()
     deadline = time.monotonic() + timeout_s
@@ -570,6 +580,11 @@ def wipe(servers: list[Server], timeout_s: float) -> None:
     for server in servers:
         shutil.rmtree(server.home, ignore_errors=True)
         print(f"{server.name}: deleted {server.home}")
+    settings = servers[0].settings
+    if settings.secure and not any(kind(settings, 1).home.exists() for kind in SERVER_TYPES):
+        # Nothing left that was made with them: the next start makes new ones.
+        shutil.rmtree(settings.credentials.directory, ignore_errors=True)
+        print(f"deleted the secure cluster's certificates and passwords in {settings.credentials.directory}")
     kafka = [server for server in servers if isinstance(server, Kafka)]
     if kafka and not any(node.home.exists() for node in kafka[0].peers):
         # No node is formatted any more: the next start makes a new cluster id.
@@ -592,6 +607,26 @@ def environment(servers: list[Server]) -> dict[str, str]:
         # takes each read and write.
         variables["SCHEDULER_REPLICATION"] = "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}"
         variables["SCHEDULER_CONSISTENCY"] = "LOCAL_QUORUM"
+    if settings.secure:
+        variables.update(secure_environment(settings.credentials))
+    return variables
+
+
+def secure_environment(credentials: Credentials) -> dict[str, str]:
+    """The scheduler's identity on each server of the secure cluster, and the files it
+    proves it with (paths only: no secret is printed)."""
+    variables = {
+        "SCHEDULER_CASSANDRA_USERNAME": SCHEDULER_USER,
+        "SCHEDULER_CASSANDRA_PASSWORD_FILE": str(credentials.password_file("cassandra-scheduler")),
+        "SCHEDULER_KAFKA_USERNAME": SCHEDULER_USER,
+        "SCHEDULER_KAFKA_PASSWORD_FILE": str(credentials.password_file("kafka-scheduler")),
+        "SCHEDULER_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "SCHEDULER_ZOOKEEPER_AUTH_FILE": str(credentials.password_file("zookeeper-scheduler")),
+    }
+    for server in ("CASSANDRA", "KAFKA", "ZOOKEEPER"):
+        variables |= {f"SCHEDULER_{server}_TLS_CA": str(credentials.ca),
+                      f"SCHEDULER_{server}_TLS_CERT": str(credentials.client_cert),
+                      f"SCHEDULER_{server}_TLS_KEY": str(credentials.client_key)}
     return variables
 
 
@@ -618,6 +653,11 @@ def select(text: str, all_servers: list[Server]) -> list[Server]:
 
 def shared_options() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument(
+        "--secure", action="store_true", default=os.environ.get(SECURE_ENV, "") not in ("", "0"),
+        help=f"the secure cluster ({SECURE_ENV}=1): one node of each on {SECURE_HOST}, with authentication and "
+             "TLS on every server, certificates and passwords made here at its first start (see "
+             "deploy/README.md); a cluster of its own, beside the plain one")
     parser.add_argument("--only", default=",".join(SERVER_KINDS), metavar="LIST",
                         help=f"comma-separated servers ({','.join(SERVER_KINDS)}: every node of each) or "
                              "nodes (cassandra-2, kafka-1, ...; with --nodes 3) (default: all)")

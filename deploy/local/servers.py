@@ -34,7 +34,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from credentials import Credentials
 
 
 class ClusterError(Exception):
@@ -61,9 +64,24 @@ class Settings:
     nodes: int = 1
     zookeeper_peer_port: int = 2888
     zookeeper_election_port: int = 3888
+    secure: bool = False
+    """Authentication and TLS on every server (one node each), with the certificates and
+    passwords of credentials.py: a cluster of its own, beside the plain one."""
 
     def node_host(self, node: int) -> str:
         return node_host(self.host, node)
+
+    @property
+    def home_root(self) -> Path:
+        """Where the nodes' own directories are: the secure cluster's apart from the
+        plain one's, so both can exist (and run) at once; the jars are shared."""
+        return self.cluster_dir / "secure" if self.secure else self.cluster_dir
+
+    @property
+    def credentials(self) -> Credentials:
+        from credentials import Credentials  # credentials.py imports this module
+
+        return Credentials(self.home_root / "secrets")
 
 
 def node_host(base: str, node: int) -> str:
@@ -90,7 +108,7 @@ class Server:
         self.node = node
         self.name = self.kind if settings.nodes == 1 else f"{self.kind}-{node}"
         self.host = settings.node_host(node)
-        self.home = settings.cluster_dir / self.name
+        self.home = settings.home_root / self.name
         self.lib = settings.cluster_dir / "lib" / self.kind
         self.conf = self.home / "conf"
         self.data = self.home / "data"

@@ -55,11 +55,8 @@ def connect(settings: CassandraSettings) -> CassandraConnection:
         serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
         request_timeout=REQUEST_TIMEOUT_S,
     )
-    auth = (
-        PlainTextAuthProvider(settings.username, settings.password or "")
-        if settings.username
-        else None
-    )
+    credentials = settings.credentials()
+    auth = PlainTextAuthProvider(*credentials) if credentials else None
     cluster = Cluster(
         contact_points=list(settings.hosts),
         port=settings.port,
