@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parents[1]
-SUITE_FILES = ("__init__.py", "conftest.py", "support.py", "cluster.py")
+SUITE_FILES = ("__init__.py", "conftest.py", "support.py", "cluster.py", "secure_cluster.py")
 """The real suite's conftest and the plugins it loads, copied as they are."""
 SKIPPING_TEST = """
 import pytest
