@@ -55,6 +55,13 @@ class StoreUnavailable(StoreError):
     """No node of the store could be reached."""
 
 
+class StoreAccessDenied(StoreError, ConfigError):
+    """Cassandra answered, and refused the scheduler: its credentials (a wrong password, no
+    user where authentication is on), its TLS (no CA, a certificate it does not trust, no
+    client certificate where one is required) or a statement its role is not granted. A
+    setting to fix, not an outage to wait out: a `ConfigError` as well, so the CLI exits 2."""
+
+
 class SchemaConflict(StoreError):
     """The keyspace exists with settings that differ from the ones asked for (e.g. shard count)."""
 
@@ -78,6 +85,13 @@ class QueueError(SchedulerError):
     """The queue (Kafka, or the embedded one) refused or lost a publish, or failed a read.
     After a failed publish, which messages were stored is unknown: publish them again
     (duplicates are allowed downstream, loss is not)."""
+
+
+class QueueAccessDenied(QueueError, ConfigError):
+    """Kafka answered, and refused the scheduler: its SASL credentials, its TLS, or an
+    operation its ACLs do not allow (writing to a ready topic, reading as a group). A
+    setting to fix, not an outage to wait out: a `ConfigError` as well, so the CLI exits
+    2. Nothing the refused call was to publish was stored."""
 
 
 class QueueUnavailable(QueueError):

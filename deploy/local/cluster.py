@@ -399,6 +399,7 @@ def bring_up(outcome: Outcome, java: str, deadline: float, aborted: threading.Ev
             ended = exit_of_launched(outcome.launched)
         outcome.record = record
         wait_ready(server, record, ended, deadline, aborted)
+        server.provision(timeout_s=max(deadline - time.monotonic(), 1.0))
         outcome.ready_s = time.monotonic() - began
     except ClusterError as exc:
         outcome.error = str(exc)

@@ -142,6 +142,10 @@ class Server:
         """Returns once a real client request answered; raises NotReady otherwise."""
         raise NotImplementedError
 
+    def provision(self, timeout_s: float) -> None:
+        """Once the server answers, at every start: makes what the secure cluster's
+        clients need on it (users, roles, ACLs), idempotently. Nothing by default."""
+
 
 # Every JVM dies on OutOfMemoryError instead of limping on: `status` then says "down".
 COMMON_JVM_FLAGS = ("-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true")
