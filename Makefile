@@ -50,6 +50,7 @@ cluster-start: install
 
 cluster-stop:
 	$(BIN)/python deploy/local/cluster.py stop
+	$(BIN)/python deploy/local/cluster.py stop --secure
 
 cluster-status:
 	$(BIN)/python deploy/local/cluster.py status
