@@ -154,7 +154,7 @@ def kafka_topic(kafka_admin: AdminClient) -> Iterator[str]:
 @pytest.fixture
 def zk_root(cluster: Cluster) -> Iterator[KazooClient]:
     """A client at the ZooKeeper root, for making and removing chroots."""
-    with zookeeper_session(cluster.zookeeper.hosts) as client:
+    with zookeeper_session(cluster.zookeeper.hosts, cluster.zookeeper.tls) as client:
         yield client
 
 

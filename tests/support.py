@@ -16,6 +16,9 @@ from typing import TypeVar
 
 from kazoo.client import KazooClient
 
+from scheduler.adapters.zookeeper.tls import tls_options
+from scheduler.settings import TlsFiles
+
 T = TypeVar("T")
 
 EXTERNAL_CLUSTER_VARIABLES = ("SCHEDULER_CASSANDRA_HOSTS", "SCHEDULER_KAFKA_BOOTSTRAP", "SCHEDULER_ZOOKEEPER_HOSTS")
@@ -111,10 +114,12 @@ def run_script(script: Path, *args: str, env: Mapping[str, str] | None = None, t
 
 
 @contextmanager
-def zookeeper_session(hosts: str) -> Iterator[KazooClient]:
-    """A started kazoo client on `hosts` (which may end in a chroot), closed afterwards."""
-    client = KazooClient(hosts=hosts, timeout=10)
-    client.start(timeout=15)
+def zookeeper_session(hosts: str, tls: TlsFiles | None = None, timeout_s: float = 15) -> Iterator[KazooClient]:
+    """A started kazoo client on `hosts` (which may end in a chroot), over TLS with `tls`
+    as the scheduler connects (a secure cluster's port speaks nothing else), closed
+    afterwards. No identity: add one with `add_auth` where a test needs it."""
+    client = KazooClient(hosts=hosts, timeout=10, **tls_options(tls))
+    client.start(timeout=timeout_s)
     try:
         yield client
     finally:

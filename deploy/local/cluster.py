@@ -67,7 +67,7 @@ from typing import Any
 
 from credentials import SCHEDULER_USER, Credentials
 from processes import cmdline, exited, open_pidfd, port_holder, port_is_free, rss_mb
-from servers import SERVER_TYPES, ClusterError, Kafka, NotReady, Server, Settings, ZooKeeper, zookeeper_mode
+from servers import SERVER_TYPES, ClusterError, Kafka, NotReady, Server, Settings, ZooKeeper
 
 HERE = Path(__file__).resolve().parent
 REPO_ROOT = HERE.parent.parent
@@ -512,7 +512,7 @@ def server_status(server: Server, timeout_s: float) -> dict[str, Any]:
         except NotReady:
             state = "unhealthy"
         if isinstance(server, ZooKeeper):
-            role = zookeeper_mode(host, ports["client"], timeout_s)
+            role = server.mode(host, ports, timeout_s)
     return {
         "state": state,
         "kind": server.kind,

@@ -28,6 +28,7 @@ import importlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import uuid
@@ -447,8 +448,7 @@ class ZooKeeper(Server):
 # {GENERATED}
 tickTime=2000
 dataDir={self.data}
-clientPort={self.ports()["client"]}
-clientPortAddress={self.host}
+{self._client_listener()}
 {ensemble}
 # Sessions (= shard leases) may be as short as 1 s, so failover tests need not wait.
 minSessionTimeout=1000
@@ -465,10 +465,53 @@ forceSync=no
 autopurge.purgeInterval=1
 """
 
+    def _client_listener(self) -> str:
+        """The plain cluster's clientPort; the secure one's TLS-only secureClientPort, on
+        the same port number, with the client certificate required."""
+        port = self.ports()["client"]
+        if not self.settings.secure:
+            return f"clientPort={port}\nclientPortAddress={self.host}"
+        credentials = self.settings.credentials
+        # Keys ZooKeeper does not know itself become zookeeper.* system properties.
+        return f"""\
+# TLS only: no clientPort, so nothing answers in clear text. TLS needs the Netty
+# connection factory (the default NIO one cannot do it).
+secureClientPort={port}
+secureClientPortAddress={self.host}
+serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+ssl.keyStore.location={credentials.server_bundle(self.host)}
+ssl.keyStore.type=PEM
+ssl.trustStore.location={credentials.ca}
+ssl.trustStore.type=PEM
+# A client must show a certificate signed by the CA above; it names the client
+# (CN=scheduler), not its host, so the client's address is not checked against it.
+ssl.clientAuth=need
+ssl.clientHostnameVerification=false"""
+
+    def client_tls(self) -> dict[str, object]:
+        """kazoo's TLS arguments for the secure cluster (the scheduler's client
+        certificate, the server's certificate checked against the CA and the address
+        dialled), nothing for the plain one."""
+        if not self.settings.secure:
+            return {}
+        credentials = self.settings.credentials
+        return {"use_ssl": True, "ca": str(credentials.ca), "certfile": str(credentials.client_cert),
+                "keyfile": str(credentials.client_key), "verify_certs": True, "check_hostname": True}
+
+    def mode(self, host: str, ports: dict[str, int], timeout_s: float) -> str | None:
+        """"leader", "follower" or "standalone" (the `srvr` four-letter word), None if no
+        answer; over TLS with the client certificate on the secure cluster."""
+        context = None
+        if self.settings.secure:
+            credentials = self.settings.credentials
+            context = ssl.create_default_context(cafile=str(credentials.ca))
+            context.load_cert_chain(str(credentials.client_cert), str(credentials.client_key))
+        return zookeeper_mode(host, ports["client"], timeout_s, context)
+
     def probe(self, host: str, ports: dict[str, int], timeout_s: float) -> None:
         require_open(host, ports["client"])
         kazoo = import_client("kazoo.client", "kazoo")
-        client = kazoo.KazooClient(hosts=f"{host}:{ports['client']}", timeout=timeout_s)
+        client = kazoo.KazooClient(hosts=f"{host}:{ports['client']}", timeout=timeout_s, **self.client_tls())
         try:
             client.start(timeout=timeout_s)
             client.get("/")
@@ -487,10 +530,13 @@ def ring_token(node: int, nodes: int) -> int:
     return -(2**63) + (node - 1) * (2**64 // nodes)
 
 
-def zookeeper_mode(host: str, port: int, timeout_s: float) -> str | None:
-    """"leader", "follower" or "standalone" (the `srvr` four-letter word), None if no answer."""
+def zookeeper_mode(host: str, port: int, timeout_s: float, tls: ssl.SSLContext | None = None) -> str | None:
+    """"leader", "follower" or "standalone" (the `srvr` four-letter word), None if no answer.
+    With `tls`, asked over TLS: a secureClientPort answers four-letter words only so."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        # The TLS socket takes the plain one's descriptor over: closing both is safe.
+        with socket.create_connection((host, port), timeout=timeout_s) as raw, \
+                raw if tls is None else tls.wrap_socket(raw, server_hostname=host) as sock:
             sock.sendall(b"srvr")
             answer = b""
             while chunk := sock.recv(4096):

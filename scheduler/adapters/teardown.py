@@ -66,7 +66,7 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
     except SchedulerError as exc:
         warnings.append(f"could not delete the ZooKeeper root {zookeeper.root}: {exc}")
         return warnings
-    client = KazooClient(hosts=zookeeper.hosts, timeout=10, **client_options(identity))
+    client = KazooClient(hosts=zookeeper.hosts, timeout=10, **client_options(identity, zookeeper.tls))
     try:
         client.start(timeout=15)
         if client.exists(zookeeper.root):

@@ -12,7 +12,8 @@ import click
 
 from scheduler import backends
 from scheduler.cli.options import Exit, backend_settings, metrics_options, start_metrics, store_options
-from scheduler.settings import ZooKeeperSettings
+from scheduler.errors import ConfigError
+from scheduler.settings import TlsFiles, ZooKeeperSettings
 from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
 
 
@@ -34,6 +35,17 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
                    "identity and make the members and leases writable by it alone (read: anyone). Default: no "
                    "authentication, open znodes. A missing or malformed file is an error (exit 2); so is a "
                    "ZooKeeper that refuses the identity.")
+@click.option("--zookeeper-tls-ca", "zookeeper_tls_ca", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="SCHEDULER_ZOOKEEPER_TLS_CA", show_envvar=True,
+              help="PEM file of the CA that signed ZooKeeper's certificate: connect over TLS (its secureClientPort), "
+                   "refusing a server whose certificate it did not sign for the address dialled. Default: clear text.")
+@click.option("--zookeeper-tls-cert", "zookeeper_tls_cert", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="SCHEDULER_ZOOKEEPER_TLS_CERT", show_envvar=True,
+              help="PEM file of this client's certificate, for a ZooKeeper that requires one (ssl.clientAuth=need); "
+                   "with --zookeeper-tls-key and --zookeeper-tls-ca. A server that refuses it is an error (exit 2).")
+@click.option("--zookeeper-tls-key", "zookeeper_tls_key", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="SCHEDULER_ZOOKEEPER_TLS_KEY", show_envvar=True,
+              help="PEM file of the private key of --zookeeper-tls-cert, unencrypted (chmod 600).")
 @click.option("--lease-timeout", "lease_timeout_s", type=float, default=ZooKeeperSettings().session_timeout_s,
               envvar="SCHEDULER_LEASE_TIMEOUT_S", show_envvar=True, show_default=True,
               help="Seconds after which the shards of a dispatcher that died (or paused) go to others.")
@@ -76,7 +88,8 @@ from scheduler.visibility.labels import DEFAULT_TYPE_LABELS, MAX_TYPE_LABELS
               "to stderr.")
 @store_options
 def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_root: str,
-               zookeeper_auth_file: Path | None, lease_timeout_s: float, tick_ms: int, fire_gap_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
+               zookeeper_auth_file: Path | None, zookeeper_tls_ca: Path | None, zookeeper_tls_cert: Path | None,
+               zookeeper_tls_key: Path | None, lease_timeout_s: float, tick_ms: int, fire_gap_ms: int, long_types: str, stats_file: Path | None, limits_interval_s: float,
                hold_timeout_s: float, sweep_interval_s: float, sweep_horizon_s: float, metrics_types: int,
                metrics_port: int | None, metrics_host: str, log_level: str, backend: str, db: Path,
                **options: Any) -> None:
@@ -88,7 +101,8 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
 
     Runs until SIGTERM or Ctrl-C, then gives its shards back so the other dispatchers
     take them at once. Exits 3 when a server cannot be reached at start, and 2 when
-    ZooKeeper refuses its identity (--zookeeper-auth-file) or lack of one; while
+    ZooKeeper refuses its identity (--zookeeper-auth-file) or lack of one, or its
+    TLS certificate (--zookeeper-tls-*) or lack of one; while
     running, it rides out servers that go away, firing late rather than never.
     """
     import signal
@@ -109,7 +123,8 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
         raise click.BadParameter(f"--tick-ms {tick_ms} does not divide 1000")
     metrics = start_metrics(metrics_host, metrics_port)  # before joining: a port in use fails now
     zookeeper = ZooKeeperSettings.from_env(hosts=zookeeper_hosts, root=zookeeper_root,
-                                           auth_file=zookeeper_auth_file, session_timeout_s=lease_timeout_s)
+                                           auth_file=zookeeper_auth_file, session_timeout_s=lease_timeout_s,
+                                           tls=zookeeper_tls(zookeeper_tls_ca, zookeeper_tls_cert, zookeeper_tls_key))
     settings = backend_settings(backend, db, zookeeper=zookeeper, **options)
     if settings.backend == "cassandra":
         zookeeper.identity()  # a bad auth file fails now (exit 2), before any server is touched
@@ -143,3 +158,13 @@ def dispatcher(shards: str, member: str | None, zookeeper_hosts: str, zookeeper_
     if runner.failed is not None:
         click.echo(f"error: dispatcher {name} stopped: {runner.failed}", err=True)
         raise click.exceptions.Exit(Exit.FAILURE)
+
+
+def zookeeper_tls(ca: Path | None, cert: Path | None, key: Path | None) -> TlsFiles | None:
+    """The --zookeeper-tls-* files (each also read from its variable), or None without a CA."""
+    if ca is None:
+        if cert is not None or key is not None:
+            raise ConfigError("--zookeeper-tls-cert and --zookeeper-tls-key need --zookeeper-tls-ca "
+                              "(SCHEDULER_ZOOKEEPER_TLS_CA): TLS starts from the CA that signed ZooKeeper's certificate")
+        return None
+    return TlsFiles(ca, cert, key)

@@ -12,6 +12,13 @@ before an identity was configured) is given that ACL when the member joins, with
 warning naming it. A request ZooKeeper refuses for want of rights or authentication is
 `CoordinatorAccessDenied`, a setting to fix rather than an outage to wait out.
 
+With TLS (`ZooKeeperSettings.tls`, `tls.py`) every connection is encrypted and the
+server's certificate checked. A `start` that gets no session is then told apart: if a
+TLS handshake of its own shows the server refusing this client's certificate (or its
+lack of one), a server certificate the CA does not vouch for, or TLS and clear text
+crossed, it is `CoordinatorAccessDenied` naming the server, the cause and the settings;
+if no server answers, `CoordinatorUnavailable` as before.
+
 A lease is its znode. It lives as long as the session that created it, and the znode's
 `czxid` (the zxid of its create) is the fencing token: every new lease of a shard has a
 larger one than any before it. `Lease.session` is the kazoo session id; a lease is valid
@@ -79,6 +86,7 @@ from kazoo.protocol.states import KazooState
 from kazoo.recipe.watchers import ChildrenWatch
 
 from scheduler.adapters.zookeeper.security import acl_for, client_options, open_to_anyone
+from scheduler.adapters.zookeeper.tls import refusal
 from scheduler.errors import ConfigError, CoordinatorAccessDenied, CoordinatorError, CoordinatorUnavailable
 from scheduler.ports import Lease, SessionState
 from scheduler.settings import ZooKeeperIdentity, ZooKeeperSettings
@@ -92,6 +100,8 @@ _SETUP_ERRORS: tuple[type[Exception], ...] = (ValueError, *KAZOO_ERRORS)
 """What making a client of a malformed hosts string raises."""
 _CLOSE_ERRORS: tuple[type[Exception], ...] = (OSError, *KAZOO_ERRORS)
 """What stopping a client whose connection is already broken may raise."""
+TLS_CHECK_TIMEOUT_S = 5.0
+"""The most the TLS check after a failed start waits for a server's TCP answer."""
 _REFUSALS: tuple[type[Exception], ...] = (NoAuthError, AuthFailedError)
 """What ZooKeeper answers to a request the ACL does not allow, or to a failed
 authentication: `CoordinatorAccessDenied`."""
@@ -163,6 +173,8 @@ class ZkCoordinator:
     def start(self, member: str, on_state: Callable[[SessionState], None]) -> None:
         check_member(member)
         identity = self._settings.identity()  # a bad auth file fails before anything is joined
+        if self._settings.tls is not None:
+            self._settings.tls.check("ZooKeeper")  # so does an unreadable TLS file
         with self._lock:
             if self._started or self._closed:
                 raise CoordinatorError("this coordinator was started before; make a new one")
@@ -182,7 +194,7 @@ class ZkCoordinator:
                     "max_jitter": 0.2,
                     "max_delay": max(0.25, min(2.0, settings.session_timeout_s / 4)),
                 },
-                **client_options(identity),
+                **client_options(identity, settings.tls),
             )
         except _SETUP_ERRORS as exc:
             raise ConfigError(f"ZooKeeper hosts {settings.hosts!r} are not usable: {exc}") from exc
@@ -191,6 +203,10 @@ class ZkCoordinator:
             client.start(timeout=settings.connect_timeout_s)
         except KAZOO_ERRORS as exc:  # kazoo has stopped and closed the client already
             self._closed = True
+            # kazoo retries a refused TLS handshake as it does an outage: ask once ourselves.
+            refused = refusal(settings.hosts, settings.tls, min(settings.connect_timeout_s, TLS_CHECK_TIMEOUT_S))
+            if refused is not None:
+                raise CoordinatorAccessDenied(f"no ZooKeeper session within {settings.connect_timeout_s} s: {refused}") from exc
             raise CoordinatorUnavailable(
                 f"no ZooKeeper server at {settings.hosts} answered within {settings.connect_timeout_s} s: "
                 "check SCHEDULER_ZOOKEEPER_HOSTS and that ZooKeeper is running"

@@ -10,6 +10,10 @@ itself keeps them from changing its data.
 Read stays open so that an operator (`zkCli.sh get <root>/leases/7`) or a monitor can
 see who holds what without being given the secret; the znodes hold member names, host
 names and process ids, nothing secret.
+
+The identity is what ACLs check; it does not hide the traffic. Over a clear-text
+connection the digest credential crosses the network as sent: with
+`ZooKeeperSettings.tls` the connection is encrypted and the server authenticated first.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from typing import Any
 from kazoo.protocol.serialization import Auth
 from kazoo.security import ACL, ANYONE_ID_UNSAFE, Permissions, make_digest_acl
 
-from scheduler.settings import ZooKeeperIdentity
+from scheduler.adapters.zookeeper.tls import tls_options
+from scheduler.settings import TlsFiles, ZooKeeperIdentity
 
 KAZOO_LOGGER = "kazoo.client"
 
@@ -38,12 +43,15 @@ def open_to_anyone(acl: list[ACL]) -> bool:
     return any(entry.id == ANYONE_ID_UNSAFE and entry.perms & ~Permissions.READ for entry in acl)
 
 
-def client_options(identity: ZooKeeperIdentity | None) -> dict[str, Any]:
+def client_options(identity: ZooKeeperIdentity | None, tls: TlsFiles | None = None) -> dict[str, Any]:
     """`KazooClient` keyword arguments: authenticate as `identity` and create znodes with
-    its ACL, or nothing at all without one (open znodes, as before identities)."""
+    its ACL, or nothing at all without one (open znodes, as before identities); and
+    connect over TLS with `tls` (`tls.py`), or in clear text without."""
+    options = tls_options(tls)
     if identity is None:
-        return {}
+        return options
     return {
+        **options,
         "auth_data": [("digest", identity.credential)],
         "default_acl": acl_for(identity),
         "logger": redacting_logger(),

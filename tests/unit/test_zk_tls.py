@@ -1,0 +1,48 @@
+"""kazoo's TLS arguments from `ZooKeeperSettings.tls`, the servers a hosts string names
+(each asked about TLS when no session came), and the dispatcher's --zookeeper-tls-* flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from scheduler.adapters.zookeeper.security import client_options
+from scheduler.adapters.zookeeper.tls import refusal, servers, tls_options
+from scheduler.settings import TlsFiles, ZooKeeperIdentity
+from tests.support import run_cli
+
+
+def test_tls_turns_on_certificate_and_hostname_checks_and_sends_the_client_certificate() -> None:
+    tls = TlsFiles(Path("/s/ca.pem"), Path("/s/client.pem"), Path("/s/client.key"))
+
+    assert tls_options(tls) == {"use_ssl": True, "ca": "/s/ca.pem", "verify_certs": True, "check_hostname": True,
+                                "certfile": "/s/client.pem", "keyfile": "/s/client.key"}
+    assert "certfile" not in tls_options(TlsFiles(Path("/s/ca.pem")))
+    assert tls_options(None) == {}
+
+
+def test_client_options_carry_the_identity_and_tls_together() -> None:
+    options = client_options(ZooKeeperIdentity("scheduler", "pw"), TlsFiles(Path("/s/ca.pem")))
+
+    assert options["use_ssl"] is True and options["auth_data"] == [("digest", "scheduler:pw")]
+    assert client_options(None, None) == {}
+
+
+def test_servers_of_a_hosts_string() -> None:
+    assert servers("a:2182,b,10.0.0.3:2183/scheduler/chroot") == [("a", 2182), ("b", 2181), ("10.0.0.3", 2183)]
+    assert servers("[::1]:2281") == [("::1", 2281)]
+
+
+def test_no_server_answering_is_an_outage_not_a_tls_refusal() -> None:
+    assert refusal("127.0.0.1:1", None, 1.0) is None
+
+
+def test_a_client_certificate_without_a_ca_is_a_usage_error(tmp_path: Path) -> None:
+    cert = tmp_path / "client.pem"
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SCHEDULER_")}
+
+    done = run_cli("dispatcher", "--backend", "cassandra", "--zookeeper-tls-cert", str(cert),
+                   "--zookeeper-tls-key", str(cert), env=env)
+
+    assert done.returncode == 2, done.stderr
+    assert "--zookeeper-tls-cert and --zookeeper-tls-key need --zookeeper-tls-ca" in done.stderr
