@@ -103,6 +103,12 @@ def refusal(address: tuple[str, int], error: BaseException, settings: CassandraS
         cert = settings.tls.cert if settings.tls else None
         return (f"{where} refused this client's certificate (SCHEDULER_CASSANDRA_TLS_CERT={cert}): "
                 f"{tls_reason(text)}. Use a certificate signed by a CA in the server's truststore.")
+    if "ALERT_INTERNAL_ERROR" in text and settings.tls is not None and settings.tls.cert is not None:
+        # What Cassandra's TLS (netty on BoringSSL) answers a client certificate its
+        # truststore does not vouch for.
+        return (f"{where} ended the TLS handshake ({tls_reason(text)}), as it does for a client certificate it does "
+                f"not trust: check that SCHEDULER_CASSANDRA_TLS_CERT={settings.tls.cert} is signed by a CA in the "
+                "server's truststore (client_encryption_options), and the server's log.")
     if "WRONG_VERSION_NUMBER" in text or "RECORD_LAYER_FAILURE" in text:
         return (f"{where} does not speak TLS on this port: unset SCHEDULER_CASSANDRA_TLS_CA (and _CERT, _KEY) if "
                 "the cluster does not encrypt client connections, or check SCHEDULER_CASSANDRA_PORT.")
@@ -129,7 +135,7 @@ def denial(exc: BaseException, session: Any, doing: str) -> StoreAccessDenied | 
     hosts = ", ".join(f"{host}:{getattr(cluster, 'port', '?')}" for host in getattr(cluster, "contact_points", ()))
     user = getattr(getattr(cluster, "auth_provider", None), "username", None)
     return StoreAccessDenied(
-        f"Cassandra at {hosts or 'the cluster'} refused {doing} to user {user!r}: {server_reason(exc)}. Grant the "
+        f"Cassandra at {hosts or 'the cluster'} refused user {user!r} {doing}: {server_reason(exc)}. Grant the "
         "role what the scheduler needs (e.g. GRANT ALL PERMISSIONS ON KEYSPACE <keyspace> TO <role>), or check "
         "SCHEDULER_CASSANDRA_USERNAME and SCHEDULER_KEYSPACE."
     )

@@ -612,7 +612,7 @@ def recorded_shard_count(connection: CassandraConnection, keyspace: str) -> int:
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shard_count'").one()
     except DRIVER_ERRORS as exc:
-        raise_if_denied(exc, connection.session, f"reading keyspace {keyspace!r}'s shard count")
+        raise_if_denied(exc, connection.session, f"reading the shard count of keyspace {keyspace!r}")
         raise StoreError(
             f"keyspace {keyspace!r} has no scheduler schema ({_describe(exc)}); run `scheduler schema apply`"
         ) from exc
@@ -626,7 +626,7 @@ def recorded_created_ms(connection: CassandraConnection, keyspace: str) -> int |
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'created_ms'").one()
     except DRIVER_ERRORS as exc:
-        raise_if_denied(exc, connection.session, f"reading keyspace {keyspace!r}'s creation time")
+        raise_if_denied(exc, connection.session, f"reading the creation time of keyspace {keyspace!r}")
         raise StoreError(f"reading keyspace {keyspace!r}'s creation time failed: {_describe(exc)}") from exc
     return int(row.value) if row is not None else None
 
@@ -636,7 +636,7 @@ def recorded_retention_s(connection: CassandraConnection, keyspace: str) -> int:
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'retention_s'").one()
     except DRIVER_ERRORS as exc:
-        raise_if_denied(exc, connection.session, f"reading keyspace {keyspace!r}'s retention")
+        raise_if_denied(exc, connection.session, f"reading the retention of keyspace {keyspace!r}")
         raise StoreError(f"reading keyspace {keyspace!r}'s retention failed: {_describe(exc)}") from exc
     return retention.DEFAULT_RETENTION_S if row is None else int(row.value)
 
