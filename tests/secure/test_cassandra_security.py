@@ -162,6 +162,7 @@ def test_a_role_without_permissions_gets_a_clear_error(
         admin.session.execute(f"GRANT SELECT ON KEYSPACE {settings.keyspace} TO {role}")
         reader = wait_until(lambda: opened(nobody), timeout_s=30, interval_s=0.5,
                             what="the grant to take effect (Cassandra caches permissions for 2 s)")
+        assert reader is not None
         try:
             with pytest.raises(StoreAccessDenied, match="MODIFY"):
                 reader.insert([make_task()])
