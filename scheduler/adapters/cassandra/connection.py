@@ -10,6 +10,7 @@ statement is a `StoreAccessDenied` naming the setting to fix.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -32,6 +33,21 @@ DRIVER_ERRORS: tuple[type[Exception], ...] = (DriverException, NoHostAvailable, 
 """What a request can raise: the driver's own failures (timeouts), no node reachable
 (`NoHostAvailable`, which is not a DriverException) and the server's refusals (syntax,
 invalid request, configuration), which are not DriverExceptions either."""
+
+
+class _ReportedByConnect(logging.Filter):
+    """Drops the driver's own log records of a failed first connection ("[control
+    connection] Error connecting to ...", "Control connection failed to connect ..."),
+    each with a traceback: `connect` raises the same failure as one error that says what
+    to do, and a refused login would otherwise print two tracebacks before it."""
+
+    PREFIXES = ("[control connection] Error connecting to", "Control connection failed to connect")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
+
+
+logging.getLogger("cassandra.cluster").addFilter(_ReportedByConnect())
 
 
 @dataclass
