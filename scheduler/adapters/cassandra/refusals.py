@@ -19,6 +19,7 @@ from typing import Any
 
 from cassandra import AuthenticationFailed, Unauthorized
 from cassandra.cluster import NoHostAvailable
+from cassandra.connection import ConnectionShutdown
 from cassandra.protocol import UnauthorizedErrorMessage
 
 from scheduler.errors import ConfigError, StoreAccessDenied, StoreError, StoreUnavailable
@@ -86,7 +87,7 @@ def refusal(address: tuple[str, int], error: BaseException, settings: CassandraS
         return (f"{where} refused the login of user {user!r}: {server_reason(error)}. Check "
                 f"{_CREDENTIAL_SETTINGS}{password_source(settings)}.")
     text = str(error)
-    if settings.tls is not None and isinstance(error, OSError) and not tls_alert(text):
+    if settings.tls is not None and closed_by_peer(error) and not tls_alert(text):
         # A TLS 1.3 server refuses a client certificate after the handshake: the driver may
         # see the connection close before it reads the alert. Ask again, and read it.
         text = f"{text} {tls_answer(*address, tls_context(settings.tls))}"
@@ -112,7 +113,7 @@ def refusal(address: tuple[str, int], error: BaseException, settings: CassandraS
     if "WRONG_VERSION_NUMBER" in text or "RECORD_LAYER_FAILURE" in text:
         return (f"{where} does not speak TLS on this port: unset SCHEDULER_CASSANDRA_TLS_CA (and _CERT, _KEY) if "
                 "the cluster does not encrypt client connections, or check SCHEDULER_CASSANDRA_PORT.")
-    if settings.tls is None and isinstance(error, OSError | ConnectionError) and speaks_tls(*address):
+    if settings.tls is None and closed_by_peer(error) and speaks_tls(*address):
         return (f"{where} accepts only TLS connections (client_encryption_options) and this client connected "
                 "without: set SCHEDULER_CASSANDRA_TLS_CA to the CA that signed its certificate, and "
                 "SCHEDULER_CASSANDRA_TLS_CERT and _KEY if it requires a client certificate.")
@@ -163,6 +164,14 @@ def password_source(settings: CassandraSettings) -> str:
 
 def tls_ca(settings: CassandraSettings) -> str:
     return str(settings.tls.ca) if settings.tls is not None else "none given"
+
+
+def closed_by_peer(error: BaseException) -> bool:
+    """Whether the node accepted the connection and then closed it, as a TLS port does to
+    a plain client and a TLS 1.3 server may to a client certificate it refuses (rather
+    than refusing the connection, or not answering: those are outages)."""
+    return isinstance(error, ConnectionResetError | ConnectionAbortedError | BrokenPipeError | ssl.SSLEOFError
+                      | ConnectionShutdown)
 
 
 def tls_alert(text: str) -> bool:
