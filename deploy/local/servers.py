@@ -387,11 +387,11 @@ server_encryption_options:
         deadline = time.monotonic() + timeout_s
         credentials = self.settings.credentials
         admin_password = credentials.password("cassandra-admin")
-        port = self.ports()["native"]
+        host, port = self._running_address()
         last = "no attempt yet"
         while time.monotonic() < deadline:
             try:
-                self._provision_once(port, admin_password, credentials.password("cassandra-scheduler"),
+                self._provision_once(host, port, admin_password, credentials.password("cassandra-scheduler"),
                                      min(PROVISION_STEP_S, max(deadline - time.monotonic(), 1.0)))
                 return
             except NotReady as exc:
@@ -399,16 +399,25 @@ server_encryption_options:
             time.sleep(1.0)
         raise ClusterError(f"{self.name}: its roles could not be provisioned in time; last attempt: {last}")
 
-    def _provision_once(self, port: int, admin_password: str, scheduler_password: str, timeout_s: float) -> None:
+    def _running_address(self) -> tuple[str, int]:
+        """Where this node's CQL port is: as its pid.json records it (a node already running
+        keeps the address it was started with), else as the settings say."""
+        try:
+            record = json.loads(self.pid_file.read_text())
+            return str(record["host"]), int(record["ports"]["native"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.host, self.ports()["native"]
+
+    def _provision_once(self, host: str, port: int, admin_password: str, scheduler_password: str,
+                        timeout_s: float) -> None:
         admin = (CASSANDRA_SUPERUSER, admin_password)
         try:
-            cluster, session = self._connect(self.host, port, timeout_s, admin)
+            cluster, session = self._connect(host, port, timeout_s, admin)
         except NotReady as exc:
             if not refused_login(exc):
                 raise
             # The first start: still the default password; replace it, then log in anew.
-            cluster, session = self._connect(self.host, port, timeout_s,
-                                             (CASSANDRA_SUPERUSER, CASSANDRA_DEFAULT_PASSWORD))
+            cluster, session = self._connect(host, port, timeout_s, (CASSANDRA_SUPERUSER, CASSANDRA_DEFAULT_PASSWORD))
             try:
                 session.execute(f"ALTER ROLE {CASSANDRA_SUPERUSER} WITH PASSWORD = %s",
                                 (admin_password,))
@@ -416,7 +425,7 @@ server_encryption_options:
                 raise NotReady(f"changing the superuser's password failed: {failure}") from failure
             finally:
                 cluster.shutdown()
-            cluster, session = self._connect(self.host, port, timeout_s, admin)
+            cluster, session = self._connect(host, port, timeout_s, admin)
         try:
             for statement, values in (
                 (f"CREATE ROLE IF NOT EXISTS {SCHEDULER_ROLE} WITH PASSWORD = %s AND LOGIN = true "
