@@ -31,11 +31,12 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from credentials import Credentials
@@ -223,6 +224,9 @@ class Cassandra(Server):
             # killed with SIGKILL forgets the keyspaces it had acknowledged.)
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.ring_delay_ms=0",
+            # The secure cluster's default superuser is made at once, not 10 s after start,
+            # so that provisioning can log in as soon as the node answers.
+            *(["-Dcassandra.superuser_setup_delay_ms=0"] if self.settings.secure else []),
             "-cp", self.classpath, self.main_class,
         ]
 
@@ -245,6 +249,8 @@ class Cassandra(Server):
 
         # Each cluster a name of its own: nodes of two clusters never gossip with each other.
         name = "scheduler-local" if self.settings.nodes == 1 else f"scheduler-local-{self.settings.nodes}-nodes"
+        if self.settings.secure:
+            name = "scheduler-local-secure"
 
         def path(sub: str) -> str:  # a JSON string is valid YAML, whatever the path holds
             return json.dumps(str(self.data / sub))
@@ -274,27 +280,190 @@ auto_snapshot: false
   - class_name: org.apache.cassandra.locator.SimpleSeedProvider
     parameters:
       - seeds: "{seeds}"
+{self._security_yaml() if self.settings.secure else ""}"""
+
+    def _security_yaml(self) -> str:
+        """The secure cluster's: a password for every client, permissions per role, and TLS
+        with a client certificate from the local CA on both the CQL and the storage port
+        (PEM files, as credentials.py makes them: the key is unencrypted, so no keystore
+        password)."""
+        credentials = self.settings.credentials
+        bundle, ca = json.dumps(str(credentials.server_bundle(self.host))), json.dumps(str(credentials.ca))
+        pem = f"""ssl_context_factory:
+    class_name: org.apache.cassandra.security.PEMBasedSslContextFactory
+  keystore: {bundle}
+  truststore: {ca}
+  require_client_auth: true"""
+        return f"""\
+# Every client logs in (PasswordAuthenticator) as a role, which may do only what it was
+# granted (CassandraAuthorizer).
+authenticator:
+  class_name: org.apache.cassandra.auth.PasswordAuthenticator
+authorizer:
+  class_name: org.apache.cassandra.auth.CassandraAuthorizer
+role_manager:
+  class_name: org.apache.cassandra.auth.CassandraRoleManager
+# CQL clients: TLS only, each with a certificate the local CA signed.
+client_encryption_options:
+  enabled: true
+  optional: false
+  {pem}
+# Node to node, as production runs it (with one node, nothing to talk to yet).
+server_encryption_options:
+  internode_encryption: all
+  optional: false
+  require_endpoint_verification: true
+  {pem}
 """
 
     def probe(self, host: str, ports: dict[str, int], timeout_s: float) -> None:
         require_open(host, ports["native"])
+        if not self.settings.secure:
+            self._query(host, ports["native"], timeout_s, None)
+            return
+        # Over TLS, with the client certificate, as the superuser: with the password
+        # provisioning gave it, or, before the first provisioning, Cassandra's default.
+        refused = []
+        for login in self._admin_logins():
+            try:
+                self._query(host, ports["native"], timeout_s, login)
+                return
+            except NotReady as exc:
+                if not refused_login(exc):
+                    raise
+                refused.append(str(exc))
+        raise NotReady(f"the superuser's logins were refused: {'; '.join(refused)}")
+
+    def _admin_logins(self) -> list[tuple[str, str]]:
+        credentials = self.settings.credentials
+        return [(CASSANDRA_SUPERUSER, credentials.password("cassandra-admin")),
+                (CASSANDRA_SUPERUSER, CASSANDRA_DEFAULT_PASSWORD)]
+
+    def _connect(self, host: str, port: int, timeout_s: float, login: tuple[str, str] | None) -> tuple[Any, Any]:
+        """(cluster, session) on this node alone; over TLS with the client certificate,
+        and logged in as `login`, on the secure cluster. NotReady if it cannot be made."""
         driver = import_client("cassandra.cluster", "cassandra-driver")
         policies = import_client("cassandra.policies", "cassandra-driver")
         profile = driver.ExecutionProfile(
             load_balancing_policy=policies.WhiteListRoundRobinPolicy([host]),
             request_timeout=timeout_s,
         )
+        security: dict[str, object] = {}
+        if self.settings.secure:
+            auth = import_client("cassandra.auth", "cassandra-driver")
+            security["ssl_context"] = client_tls_context(self.settings.credentials)
+            if login is not None:
+                security["auth_provider"] = auth.PlainTextAuthProvider(*login)
         cluster = driver.Cluster(
-            [host], port=ports["native"], connect_timeout=timeout_s,
+            [host], port=port, connect_timeout=timeout_s,
             control_connection_timeout=timeout_s,
             execution_profiles={driver.EXEC_PROFILE_DEFAULT: profile},
+            **security,
         )
         try:
-            cluster.connect().execute("SELECT release_version FROM system.local").one()
+            return cluster, cluster.connect()
         except Exception as exc:  # NoHostAvailable, OperationTimedOut, ...
+            cluster.shutdown()
+            raise NotReady(f"CQL connection failed: {exc}") from exc
+
+    def _query(self, host: str, port: int, timeout_s: float, login: tuple[str, str] | None) -> None:
+        cluster, session = self._connect(host, port, timeout_s, login)
+        try:
+            session.execute("SELECT release_version FROM system.local").one()
+        except Exception as exc:  # OperationTimedOut, Unavailable, ...
             raise NotReady(f"CQL query failed: {exc}") from exc
         finally:
             cluster.shutdown()
+
+    def provision(self, timeout_s: float) -> None:
+        """The secure cluster's roles, made or brought up to date at every start: the
+        superuser `cassandra` given the password of cassandra-admin.password (in place of
+        Cassandra's well-known default), and the scheduler's own login role, not a
+        superuser, with every permission on every keyspace (its tests make and drop
+        keyspaces, `schema apply` makes tables, and it reads and writes them) and no
+        power over roles."""
+        if not self.settings.secure:
+            return
+        deadline = time.monotonic() + timeout_s
+        credentials = self.settings.credentials
+        admin_password = credentials.password("cassandra-admin")
+        host, port = self._running_address()
+        last = "no attempt yet"
+        while time.monotonic() < deadline:
+            try:
+                self._provision_once(host, port, admin_password, credentials.password("cassandra-scheduler"),
+                                     min(PROVISION_STEP_S, max(deadline - time.monotonic(), 1.0)))
+                return
+            except NotReady as exc:
+                last = str(exc)
+            time.sleep(1.0)
+        raise ClusterError(f"{self.name}: its roles could not be provisioned in time; last attempt: {last}")
+
+    def _running_address(self) -> tuple[str, int]:
+        """Where this node's CQL port is: as its pid.json records it (a node already running
+        keeps the address it was started with), else as the settings say."""
+        try:
+            record = json.loads(self.pid_file.read_text())
+            return str(record["host"]), int(record["ports"]["native"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.host, self.ports()["native"]
+
+    def _provision_once(self, host: str, port: int, admin_password: str, scheduler_password: str,
+                        timeout_s: float) -> None:
+        admin = (CASSANDRA_SUPERUSER, admin_password)
+        try:
+            cluster, session = self._connect(host, port, timeout_s, admin)
+        except NotReady as exc:
+            if not refused_login(exc):
+                raise
+            # The first start: still the default password; replace it, then log in anew.
+            cluster, session = self._connect(host, port, timeout_s, (CASSANDRA_SUPERUSER, CASSANDRA_DEFAULT_PASSWORD))
+            try:
+                session.execute(f"ALTER ROLE {CASSANDRA_SUPERUSER} WITH PASSWORD = %s",
+                                (admin_password,))
+            except Exception as failure:
+                raise NotReady(f"changing the superuser's password failed: {failure}") from failure
+            finally:
+                cluster.shutdown()
+            cluster, session = self._connect(host, port, timeout_s, admin)
+        try:
+            for statement, values in (
+                (f"CREATE ROLE IF NOT EXISTS {SCHEDULER_ROLE} WITH PASSWORD = %s AND LOGIN = true "
+                 "AND SUPERUSER = false", (scheduler_password,)),
+                (f"ALTER ROLE {SCHEDULER_ROLE} WITH PASSWORD = %s AND LOGIN = true AND SUPERUSER = false",
+                 (scheduler_password,)),
+                (f"GRANT ALL PERMISSIONS ON ALL KEYSPACES TO {SCHEDULER_ROLE}", ()),
+            ):
+                session.execute(statement, values)
+        except Exception as exc:
+            raise NotReady(f"provisioning the {SCHEDULER_ROLE} role failed: {exc}") from exc
+        finally:
+            cluster.shutdown()
+
+
+CASSANDRA_SUPERUSER = "cassandra"
+CASSANDRA_DEFAULT_PASSWORD = "cassandra"
+"""Cassandra's default superuser, made at a new cluster's first start with this
+well-known password, which the secure cluster's provisioning replaces at once."""
+
+SCHEDULER_ROLE = "scheduler"
+PROVISION_STEP_S = 30.0
+
+
+def refused_login(exc: BaseException) -> bool:
+    """Whether the server answered a login with "bad credentials" (an AuthenticationFailed
+    in the driver's per-host errors), rather than not answering at all."""
+    cause = exc.__cause__ or exc
+    errors = getattr(cause, "errors", None) or {}
+    return any(type(error).__name__ == "AuthenticationFailed" for error in errors.values())
+
+
+def client_tls_context(credentials: Credentials) -> ssl.SSLContext:
+    """TLS that trusts only the local CA, checks the server's address against its
+    certificate, and presents the scheduler's client certificate."""
+    context = ssl.create_default_context(cafile=str(credentials.ca))
+    context.load_cert_chain(str(credentials.client_cert), str(credentials.client_key))
+    return context
 
 
 class Kafka(Server):

@@ -22,6 +22,7 @@ import click
 
 from scheduler import backends, connecting
 from scheduler.backends import BackendSettings
+from scheduler.errors import ConfigError
 from scheduler.model import DEFAULT_MAX_ATTEMPTS
 from scheduler.ports import Handoff, TaskStore
 from scheduler.settings import (
@@ -29,6 +30,7 @@ from scheduler.settings import (
     CONSISTENCY_LEVELS,
     CassandraSettings,
     KafkaSettings,
+    TlsFiles,
     ZooKeeperSettings,
     split_hosts,
 )
@@ -54,10 +56,12 @@ def cassandra_options(function: F) -> F:
     and variables are those of `CassandraSettings`."""
     defaults = CassandraSettings()
 
-    def option(flag: str, field: str, help: str, **kwargs: Any) -> Callable[[F], F]:
-        kwargs.setdefault("default", getattr(defaults, field))
-        return click.option(flag, field, envvar=CASSANDRA_ENV[field], show_envvar=True, show_default=True,
-                            help=help, **kwargs)
+    def option(flag: str, name: str, help: str, field: str | None = None, envvar: str | None = None,
+               **kwargs: Any) -> Callable[[F], F]:
+        field = field or name
+        kwargs.setdefault("default", getattr(defaults, field, None))
+        return click.option(flag, name, envvar=envvar or CASSANDRA_ENV[field], show_envvar=True,
+                            show_default=kwargs["default"] is not None, help=help, **kwargs)
 
     options = [
         option("--hosts", "hosts", "Cassandra contact points, comma-separated.", default=",".join(defaults.hosts)),
@@ -69,6 +73,19 @@ def cassandra_options(function: F) -> F:
         option("--consistency", "consistency", "Consistency of reads and writes.",
                type=click.Choice(CONSISTENCY_LEVELS)),
         option("--shard-count", "shard_count", "Shards per keyspace; fixed when the keyspace is created.", type=int),
+        option("--cassandra-username", "cassandra_username", "Role to log in as (PasswordAuthenticator); "
+               "default: no login.", field="username"),
+        option("--cassandra-password-file", "cassandra_password_file",
+               "File holding the role's password (one line). No flag takes the password itself.",
+               field="password_file", type=click.Path(dir_okay=False, path_type=Path)),
+        *(option(f"--cassandra-tls-{part}", f"cassandra_tls_{part}", help, envvar=f"SCHEDULER_CASSANDRA_TLS_{part.upper()}",
+                 default=None, type=click.Path(dir_okay=False, path_type=Path))
+          for part, help in (
+              ("ca", "PEM file of the CA that signed the nodes' certificates: connect over TLS, checking each node's "
+                     "certificate against it and the address dialled. Default: no TLS."),
+              ("cert", "PEM file of this client's certificate, for nodes that require one (with --cassandra-tls-key)."),
+              ("key", "PEM file of the private key of --cassandra-tls-cert (unencrypted; keep it chmod 600)."),
+          )),
     ]
     for decorate in reversed(options):
         function = decorate(function)
@@ -76,10 +93,20 @@ def cassandra_options(function: F) -> F:
 
 
 def settings_from(hosts: str, port: int, keyspace: str, replication: str, consistency: str,
-                  shard_count: int) -> CassandraSettings:
+                  shard_count: int, cassandra_username: str | None = None,
+                  cassandra_password_file: Path | None = None, cassandra_tls_ca: Path | None = None,
+                  cassandra_tls_cert: Path | None = None, cassandra_tls_key: Path | None = None) -> CassandraSettings:
+    """The settings of `cassandra_options`' values, over what the environment says."""
+    tls = None
+    if cassandra_tls_ca is not None:
+        tls = TlsFiles(cassandra_tls_ca, cassandra_tls_cert, cassandra_tls_key)
+    elif cassandra_tls_cert is not None or cassandra_tls_key is not None:
+        raise ConfigError("--cassandra-tls-cert and --cassandra-tls-key need --cassandra-tls-ca "
+                          "(SCHEDULER_CASSANDRA_TLS_CA): TLS starts from the CA that signed the nodes' certificates")
     return CassandraSettings.from_env(
         hosts=split_hosts(hosts), port=port, keyspace=keyspace, replication=replication,
-        consistency=consistency, shard_count=shard_count,
+        consistency=consistency, shard_count=shard_count, username=cassandra_username,
+        password_file=cassandra_password_file, tls=tls,
     )
 
 

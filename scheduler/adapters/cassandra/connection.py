@@ -1,12 +1,16 @@
 """Opening a Cassandra session the way the scheduler needs it.
 
 Token-aware routing (a request goes straight to a replica of its partition), the
-configured consistency for reads and writes, LOCAL_SERIAL for conditional writes.
-Failure to reach any contact point is a `StoreUnavailable` that names the addresses tried.
+configured consistency for reads and writes, LOCAL_SERIAL for conditional writes; the
+role's login and TLS when the settings give them (`refusals` tells a refusal from an
+outage). Failure to reach any contact point is a `StoreUnavailable` that names the
+addresses tried; a server that answered and refused the credentials, the TLS or a
+statement is a `StoreAccessDenied` naming the setting to fix.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -19,6 +23,7 @@ from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.protocol import ErrorMessage
 from cassandra.query import PreparedStatement
 
+from scheduler.adapters.cassandra.refusals import connect_failure, raise_if_denied, tls_context
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.settings import CassandraSettings
 
@@ -28,6 +33,21 @@ DRIVER_ERRORS: tuple[type[Exception], ...] = (DriverException, NoHostAvailable, 
 """What a request can raise: the driver's own failures (timeouts), no node reachable
 (`NoHostAvailable`, which is not a DriverException) and the server's refusals (syntax,
 invalid request, configuration), which are not DriverExceptions either."""
+
+
+class _ReportedByConnect(logging.Filter):
+    """Drops the driver's own log records of a failed first connection ("[control
+    connection] Error connecting to ...", "Control connection failed to connect ..."),
+    each with a traceback: `connect` raises the same failure as one error that says what
+    to do, and a refused login would otherwise print two tracebacks before it."""
+
+    PREFIXES = ("[control connection] Error connecting to", "Control connection failed to connect")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(self.PREFIXES))
+
+
+logging.getLogger("cassandra.cluster").addFilter(_ReportedByConnect())
 
 
 @dataclass
@@ -48,7 +68,10 @@ class CassandraConnection:
 
 
 def connect(settings: CassandraSettings) -> CassandraConnection:
-    """A session on the cluster in `settings`, not bound to a keyspace."""
+    """A session on the cluster in `settings`, not bound to a keyspace: logged in as
+    `settings.username` and over TLS (`settings.tls`: the server's certificate checked
+    against the CA and the address dialled, this client's certificate presented) when
+    they are given."""
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
         consistency_level=ConsistencyLevel.name_to_value[settings.consistency],
@@ -57,23 +80,22 @@ def connect(settings: CassandraSettings) -> CassandraConnection:
     )
     credentials = settings.credentials()
     auth = PlainTextAuthProvider(*credentials) if credentials else None
+    # With check_hostname on, the driver checks each node's certificate against the
+    # address it dialled (a contact point, or a peer's rpc_address).
+    ssl_context = tls_context(settings.tls) if settings.tls is not None else None
     cluster = Cluster(
         contact_points=list(settings.hosts),
         port=settings.port,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         auth_provider=auth,
+        ssl_context=ssl_context,
         connect_timeout=settings.connect_timeout_s,
     )
     try:
         session = cluster.connect()
     except NoHostAvailable as exc:
         cluster.shutdown()
-        where = ", ".join(f"{host}:{settings.port}" for host in settings.hosts)
-        raise StoreUnavailable(
-            f"cannot reach Cassandra at {where} ({exc}). Is it running? For the local cluster run "
-            "`python deploy/local/cluster.py start`; elsewhere set SCHEDULER_CASSANDRA_HOSTS and "
-            "SCHEDULER_CASSANDRA_PORT."
-        ) from exc
+        raise connect_failure(exc, settings) from exc
     return CassandraConnection(cluster, session)
 
 
@@ -85,6 +107,7 @@ def prepare_for_table(session: Session, queries: Mapping[str, str], keyspace: st
     try:
         return {name: session.prepare(text.format(keyspace=keyspace)) for name, text in queries.items()}
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, session, f"preparing the {what}'s statements in keyspace {keyspace!r}")
         raise StoreError(
             f"cannot prepare the {what}'s statements in keyspace {keyspace!r} ({type(exc).__name__}: {exc}); "
             f"has `scheduler schema apply` been run for it since the {table} table was added?"
@@ -100,6 +123,7 @@ def run_prepared(session: Session, statements: Mapping[str, Any], name: str, val
     except NoHostAvailable as exc:
         raise StoreUnavailable(f"no Cassandra node could take the {what}'s {name}: {exc}") from exc
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, session, f"the {what}'s {name}")
         raise StoreError(f"{what} {name} failed: {type(exc).__name__}: {exc}") from exc
 
 

@@ -22,6 +22,7 @@ from cassandra.cluster import NoHostAvailable
 from cassandra.query import BoundStatement, PreparedStatement
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table
+from scheduler.adapters.cassandra.refusals import denial
 from scheduler.adapters.cassandra.rows import add_rows, partition_batch
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.ports import LatenessRow, ProcessReport
@@ -131,7 +132,7 @@ class CassandraCountStore:
     def _fail(self, what: str, exc: Exception) -> StoreError:
         if isinstance(exc, NoHostAvailable):
             return StoreUnavailable(f"no Cassandra node could take the count store's {what}: {exc}")
-        return StoreError(f"count store {what} failed: {type(exc).__name__}: {exc}")
+        return denial(exc, self._session, f"the count store's {what}") or StoreError(f"count store {what} failed: {type(exc).__name__}: {exc}")
 
     def _write_rows(self, what: str, statement: str, keyed: Iterable[tuple[int, tuple[object, ...]]]) -> None:
         """Write `(partition, values)` pairs: one unlogged batch per partition and

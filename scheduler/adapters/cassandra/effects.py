@@ -64,6 +64,7 @@ from scheduler.adapters.cassandra.connection import (
     connect,
     prepare_for_table,
 )
+from scheduler.adapters.cassandra.refusals import raise_if_denied
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.ports import EffectClaim
 from scheduler.settings import CassandraSettings, check_keyspace
@@ -166,6 +167,7 @@ class CassandraEffectLedger:
             except NoHostAvailable as exc:
                 raise StoreUnavailable(f"no Cassandra node could take the effect ledger's {name}: {exc}") from exc
             except DRIVER_ERRORS as exc:
+                raise_if_denied(exc, self._session, f"the effect ledger's {name}")
                 raise StoreError(f"effect ledger {name} failed: {_describe(exc)}") from exc
         raise AssertionError("unreachable")  # the last try returns or raises
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, prepare_for_table, run_prepared
+from scheduler.adapters.cassandra.refusals import raise_if_denied
 from scheduler.errors import StoreError
 from scheduler.fairness.limits import (
     Limits,
@@ -62,6 +63,7 @@ class CassandraLimitsStore(ScopedRows):
         try:
             rows = [tuple(row) for row in self._run("read", ())]  # pages are fetched while iterating
         except DRIVER_ERRORS as exc:
+            raise_if_denied(exc, self._session, "reading the limits store")
             raise StoreError(f"limits store read failed: {type(exc).__name__}: {exc}") from exc
         return limits_from_rows(rows, log)
 

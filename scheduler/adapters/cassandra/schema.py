@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
+from scheduler.adapters.cassandra.refusals import raise_if_denied
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.settings import CassandraSettings, check_keyspace, check_replication
 
@@ -111,6 +112,7 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
             (str(time.time_ns() // 1_000_000),),
         )
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, session, f"applying the schema to keyspace {settings.keyspace!r}")
         raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}") from exc
     if not row.applied and int(row.value) != settings.shard_count:
         raise SchemaConflict(

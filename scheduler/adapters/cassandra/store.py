@@ -68,6 +68,7 @@ from scheduler import cancels, retention
 from scheduler.adapters.cassandra import rows
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, answer_column, connect
 from scheduler.adapters.cassandra.queries import named_queries
+from scheduler.adapters.cassandra.refusals import raise_if_denied
 from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.model import (
     BUCKET_MS,
@@ -188,6 +189,7 @@ class CassandraTaskStore:
                 name: self._session.prepare(text) for name, text in named_queries(keyspace).items()
             }
         except DRIVER_ERRORS as exc:
+            raise_if_denied(exc, self._session, f"preparing the task store's statements in keyspace {keyspace!r}")
             raise StoreError(
                 f"cannot prepare the task store's statements in keyspace {keyspace!r} ({exc}); "
                 "has `scheduler schema apply` been run for it?"
@@ -268,8 +270,13 @@ class CassandraTaskStore:
         return self._run_all(batches())
 
     def _run_all(self, requests: Iterable[tuple[Statement, Sequence[Task]]]) -> list[InsertFailure]:
-        """Send `requests` with bounded concurrency; wait for all; collect failures."""
-        return [InsertFailure(tasks, _describe(exc)) for tasks, exc in self._send_all(requests, self._slots)]
+        """Send `requests` with bounded concurrency; wait for all; collect failures. A write
+        the role is not granted raises `StoreAccessDenied` instead: every write of this
+        role fails alike, so retrying is no remedy (and none of those writes was stored)."""
+        failures = self._send_all(requests, self._slots)
+        for _, exc in failures:
+            raise_if_denied(exc, self._session, "writing tasks")
+        return [InsertFailure(tasks, _describe(exc)) for tasks, exc in failures]
 
     def _send_all(
         self,
@@ -354,6 +361,7 @@ class CassandraTaskStore:
                     continue
                 yield stored
         except DRIVER_ERRORS as exc:
+            raise_if_denied(exc, self._session, f"reading partition {partition}")
             raise StoreError(f"reading partition {partition} failed: {_describe(exc)}") from exc
 
     def count_partition(self, partition: Partition, *, after_ms: int, through_ms: int) -> int:
@@ -433,6 +441,7 @@ class CassandraTaskStore:
             )
             if isinstance(exc, NoHostAvailable):
                 raise StoreUnavailable(message) from exc
+            raise_if_denied(exc, self._session, "reading tasks")
             raise StoreError(message) from exc
         return answers
 
@@ -590,6 +599,7 @@ class CassandraTaskStore:
         except NoHostAvailable as exc:
             raise StoreUnavailable(f"no Cassandra node could take the request: {exc}") from exc
         except DRIVER_ERRORS as exc:
+            raise_if_denied(exc, self._session, "a task store request")
             raise StoreError(f"Cassandra refused or failed the request: {_describe(exc)}") from exc
 
     def close(self) -> None:
@@ -602,6 +612,7 @@ def recorded_shard_count(connection: CassandraConnection, keyspace: str) -> int:
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'shard_count'").one()
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, connection.session, f"reading the shard count of keyspace {keyspace!r}")
         raise StoreError(
             f"keyspace {keyspace!r} has no scheduler schema ({_describe(exc)}); run `scheduler schema apply`"
         ) from exc
@@ -615,6 +626,7 @@ def recorded_created_ms(connection: CassandraConnection, keyspace: str) -> int |
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'created_ms'").one()
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, connection.session, f"reading the creation time of keyspace {keyspace!r}")
         raise StoreError(f"reading keyspace {keyspace!r}'s creation time failed: {_describe(exc)}") from exc
     return int(row.value) if row is not None else None
 
@@ -624,6 +636,7 @@ def recorded_retention_s(connection: CassandraConnection, keyspace: str) -> int:
     try:
         row = connection.session.execute(f"SELECT value FROM {keyspace}.meta WHERE name = 'retention_s'").one()
     except DRIVER_ERRORS as exc:
+        raise_if_denied(exc, connection.session, f"reading the retention of keyspace {keyspace!r}")
         raise StoreError(f"reading keyspace {keyspace!r}'s retention failed: {_describe(exc)}") from exc
     return retention.DEFAULT_RETENTION_S if row is None else int(row.value)
 
