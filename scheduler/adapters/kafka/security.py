@@ -47,6 +47,10 @@ _TLS_REFUSAL = re.compile(
     r"certificate expired|unsupported certificate|access denied|handshake failure)", re.IGNORECASE)
 
 
+# An _SSL error that is about whom to trust, not a connection cut mid-handshake.
+_TLS_TRUST = re.compile(r"certificate|verify|alert|no ciphers|wrong version", re.IGNORECASE)
+
+
 def security_protocol(settings: KafkaSettings) -> str:
     sasl, tls = settings.username is not None, settings.tls is not None
     return {(True, True): "SASL_SSL", (True, False): "SASL_PLAINTEXT",
@@ -90,9 +94,9 @@ def refusal(error: object) -> str | None:
         if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
                     KafkaError.UNSUPPORTED_SASL_MECHANISM, KafkaError.ILLEGAL_SASL_STATE):
             return "authentication"
-        if code == KafkaError._SSL:
-            return "TLS"
         text = error.str()
+        if code == KafkaError._SSL and _TLS_TRUST.search(text):
+            return "TLS"
     else:
         text = str(error)
     if _TLS_REFUSAL.search(text):
