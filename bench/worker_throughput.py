@@ -193,7 +193,7 @@ def cassandra_backend(options: Options, cleanup: list[Callable[[], None]]) -> Ba
     topic = deployment.kafka.ready_topic(READY)
     return Backend(
         store, publisher, topic, ["--backend", "cassandra"], {**os.environ, **deployment.env()},
-        lambda expected: kafka_consume_ceiling(deployment.kafka.bootstrap, topic, expected),
+        lambda expected: kafka_consume_ceiling(deployment.kafka, topic, expected),
         {"backend": "cassandra", "keyspace": deployment.cassandra.keyspace,
          "topic_prefix": deployment.kafka.topic_prefix, "kept": options.keep},
     )

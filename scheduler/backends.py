@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from scheduler.dispatcher.rows import topic_tags
-from scheduler.errors import ConfigError, QueueError, QueueUnavailable
+from scheduler.errors import ConfigError, QueueAccessDenied, QueueError, QueueUnavailable
 from scheduler.handoff import LogHandoff
 from scheduler.ports import (
     Consumer,
@@ -199,7 +199,7 @@ def open_handoff(settings: BackendSettings, shard_count: int, *, check: bool = F
             if check:
                 try:
                     handoff_log.check()
-                except QueueUnavailable:
+                except (QueueUnavailable, QueueAccessDenied):
                     raise
                 except QueueError as exc:  # the topic is missing or has another partition count
                     log.warning("%s; until it is right, a submit of a task due soon fails with HandoffFailed", exc,

@@ -30,6 +30,7 @@ from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection, connect
+from scheduler.adapters.kafka.security import client_config
 from scheduler.settings import CassandraSettings, KafkaSettings, ZooKeeperSettings
 from tests.support import EXTERNAL_CLUSTER_VARIABLES, zookeeper_session
 
@@ -139,7 +140,7 @@ def keyspace(cluster: Cluster, cassandra: CassandraConnection) -> Iterator[Cassa
 
 @pytest.fixture
 def kafka_admin(cluster: Cluster) -> AdminClient:
-    return AdminClient({"bootstrap.servers": cluster.kafka.bootstrap})
+    return AdminClient(client_config(cluster.kafka))
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 from confluent_kafka import Consumer, TopicPartition
 
 from scheduler.adapters.cassandra.store import CassandraTaskStore
+from scheduler.adapters.kafka.security import client_config
 from scheduler.errors import InvalidMessage
 from scheduler.model import TaskId, decode_message, from_ms
 from scheduler.producer import Client
@@ -186,7 +187,7 @@ class ReadyTopics:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consumer = Consumer({
-            "bootstrap.servers": kafka.bootstrap, "group.id": f"{kafka.topic_prefix}.test-reader",
+            **client_config(kafka), "group.id": f"{kafka.topic_prefix}.test-reader",
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
         })
         partitions = []

@@ -21,6 +21,7 @@ from pathlib import Path
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
 
+from scheduler.adapters.kafka.security import client_config
 from scheduler.settings import KafkaSettings
 from tests.dispatchers import ManagedProcess
 from tests.support import wait_until
@@ -107,7 +108,7 @@ class Workers:
 def group_members(kafka: KafkaSettings, pool: str = "default") -> dict[str, set[tuple[str, int]]] | None:
     """Member (client id, i.e. `--member`) -> partitions it holds, of the pool's consumer
     group, if the group is stable; None while it is rebalancing (or unknown)."""
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    admin = AdminClient(client_config(kafka))
     group = kafka.worker_group(pool)
     description = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=15)
     if description.state != ConsumerGroupState.STABLE:

@@ -36,6 +36,8 @@ from confluent_kafka.admin import AdminClient
 from bench.nine.common import BenchFailure, echo, now_ms
 from bench.nine.deployment import DispatcherProcess
 from bench.nine.settings import LEASE_TIMEOUT_S
+from scheduler.adapters.kafka.security import client_config
+from scheduler.settings import KafkaSettings
 
 from .netcut import CutGroup
 from .nodes import Nodes
@@ -50,7 +52,7 @@ class Scene:
     """What a fault acts on."""
 
     nodes: Nodes
-    bootstrap: str
+    kafka: KafkaSettings
     ready_topics: list[str]
     dispatchers: list[DispatcherProcess] = field(default_factory=list)
     cut_groups: dict[str, CutGroup] = field(default_factory=dict)
@@ -89,7 +91,7 @@ class Fault:
 
 def kafka_leader(scene: Scene) -> str:
     """The broker node leading the most ready-topic partitions."""
-    admin = AdminClient({"bootstrap.servers": scene.bootstrap})
+    admin = AdminClient(client_config(scene.kafka))
     metadata = admin.list_topics(timeout=30)
     leaders: Counter[int] = Counter()
     for topic in scene.ready_topics:

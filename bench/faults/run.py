@@ -93,7 +93,7 @@ def run_fault(fault: Fault | None, shape: Shape, nodes: Nodes, work_root: Path, 
     document["ingest"], expected = ingest(deployment.cassandra, burst.submissions(seed=1))
     end_ms = minute_ms + shape.spread_s * 1000
 
-    scene = Scene(nodes, deployment.kafka.bootstrap, deployment.ready_topics)
+    scene = Scene(nodes, deployment.kafka, deployment.ready_topics)
     preexec: dict[str, Callable[[], None]] = {}
     if fault is not None and fault.cut_dispatcher is not None:
         group = CutGroup(fault.cut_dispatcher)
@@ -102,7 +102,7 @@ def run_fault(fault: Fault | None, shape: Shape, nodes: Nodes, work_root: Path, 
         preexec[fault.cut_dispatcher] = group.enter
     fleet = Fleet(deployment.env(), ["--backend", "cassandra"], work_dir)
     workers = WorkerFleet(env, work_dir, ["--backend", "cassandra"])
-    reader = Reader("process", deployment.kafka.bootstrap, deployment.ready_topics)
+    reader = Reader("process", deployment.kafka, deployment.ready_topics)
     watch = CursorWatch(deployment.cassandra)
     producer_dir = work_dir / "producer"
     producer_log = (work_dir / "producer.log").open("wb")

@@ -123,7 +123,7 @@ class ServerBackend:
         return ingest(self.deployment.cassandra, items, progress)
 
     def reader(self, mode: str) -> ReadyReader:
-        return Reader(mode, self.deployment.kafka.bootstrap, self.deployment.ready_topics)
+        return Reader(mode, self.deployment.kafka, self.deployment.ready_topics)
 
 
 class EmbeddedBackend:

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
 
 from scheduler.adapters.kafka.publisher import PRODUCER_CONFIG
+from scheduler.adapters.kafka.security import client_config
 from scheduler.model import TaskId
 from scheduler.ports import StatusReport, TaskStatus, TaskStore
 from scheduler.settings import KafkaSettings
@@ -36,7 +37,7 @@ def kafka_ceiling(kafka: KafkaSettings, topic: str, messages: Sequence[bytes], r
         if error is not None:
             failed += 1
 
-    config: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap, "client.id": "nine-oclock-ceiling",
+    config: dict[str, Any] = {**client_config(kafka), "client.id": "nine-oclock-ceiling",
                               **PRODUCER_CONFIG, "on_delivery": delivered, "logger": KAFKA_LOG}
     producer = Producer(config)
 
@@ -63,7 +64,7 @@ def kafka_ceiling(kafka: KafkaSettings, topic: str, messages: Sequence[bytes], r
 # The worker bench's ceilings: reading the ready topic back, and writing statuses.
 
 
-def kafka_consume_ceiling(bootstrap: str, topic: str, expected: int, rounds: int = 3, batch: int = 500,
+def kafka_consume_ceiling(kafka: KafkaSettings, topic: str, expected: int, rounds: int = 3, batch: int = 500,
                           timeout_s: float = 120.0) -> dict[str, Any]:
     """Messages/s of a bare consumer (confluent-kafka, default fetch settings, no group:
     every partition of `topic` assigned from its start) reading the `expected` messages
@@ -75,7 +76,7 @@ def kafka_consume_ceiling(bootstrap: str, topic: str, expected: int, rounds: int
     The median of `rounds` runs, each a fresh consumer."""
     rates: list[int] = []
     for _ in range(rounds):
-        config: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": f"bench-ceiling-{secrets.token_hex(4)}",
+        config: dict[str, Any] = {**client_config(kafka), "group.id": f"bench-ceiling-{secrets.token_hex(4)}",
                                   "enable.auto.commit": False, "logger": KAFKA_LOG}
         consumer = Consumer(config)
         try:

@@ -35,6 +35,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from scheduler.adapters.cassandra import schema
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.kafka.security import client_config
 from scheduler.adapters.kafka.topics import ensure_topics
 from scheduler.adapters.teardown import remove_deployment
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, ZooKeeperSettings, environment
@@ -105,7 +106,7 @@ class Deployment:
             future.result(timeout=60)
 
     def admin(self) -> AdminClient:
-        config: dict[str, Any] = {"bootstrap.servers": self.kafka.bootstrap, "logger": KAFKA_LOG}
+        config: dict[str, Any] = {**client_config(self.kafka), "logger": KAFKA_LOG}
         return AdminClient(config)
 
     def remove(self) -> None:

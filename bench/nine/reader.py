@@ -18,7 +18,9 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from scheduler.adapters.kafka.security import client_config
 from scheduler.model import MESSAGE_ID_SLICE
+from scheduler.settings import KafkaSettings
 
 from .common import BenchFailure
 from .settings import DRAIN_TIMEOUT_S
@@ -41,12 +43,12 @@ Record = tuple[bytes, int, int]
 """(message value, broker timestamp in ms, timestamp type)."""
 
 
-def read_ready_topics(bootstrap: str, topics: Sequence[str], stop: Flag, seen: Count) -> tuple[list[Record], float]:
+def read_ready_topics(kafka: KafkaSettings, topics: Sequence[str], stop: Flag, seen: Count) -> tuple[list[Record], float]:
     """Every message of `topics` from offset 0 until `stop`, then to the end of each
     partition; `seen` counts distinct task ids as they come. Messages are kept as they
     arrived (decoded afterwards), so the reader costs little while the burst runs.
     Returns the records and the CPU seconds of this process while reading."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "nine-oclock-reader",
+    consumer = Consumer({**client_config(kafka), "group.id": "nine-oclock-reader",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     cpu_started = resource.getrusage(resource.RUSAGE_SELF)
     metadata = consumer.list_topics(timeout=30)
@@ -92,11 +94,11 @@ class StopOrOrphaned:
         return bool(self.stop.is_set()) or os.getppid() != self.parent
 
 
-def reader_process_main(bootstrap: str, topics: list[str], stop: Any, seen: Any, connection: Any) -> None:
+def reader_process_main(kafka: KafkaSettings, topics: list[str], stop: Any, seen: Any, connection: Any) -> None:
     """A spawned reader process's body: read, then send the records and CPU seconds back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the bench stops it through `stop`
     try:
-        connection.send(read_ready_topics(bootstrap, topics, StopOrOrphaned(stop, os.getppid()), seen))
+        connection.send(read_ready_topics(kafka, topics, StopOrOrphaned(stop, os.getppid()), seen))
     finally:
         connection.close()
 
@@ -104,7 +106,7 @@ def reader_process_main(bootstrap: str, topics: list[str], stop: Any, seen: Any,
 class Reader:
     """`read_ready_topics` on a thread of the bench or in a process of its own."""
 
-    def __init__(self, mode: str, bootstrap: str, topics: list[str]) -> None:
+    def __init__(self, mode: str, kafka: KafkaSettings, topics: list[str]) -> None:
         self.mode = mode
         self.result: tuple[list[Record], float] | None = None
         self.pid: int | None = None
@@ -113,7 +115,7 @@ class Reader:
             self._seen: Any = Counter()
 
             def run() -> None:
-                self.result = read_ready_topics(bootstrap, topics, self._stop, self._seen)
+                self.result = read_ready_topics(kafka, topics, self._stop, self._seen)
 
             self._thread = threading.Thread(target=run, name="ready-reader", daemon=True)
             self._thread.start()
@@ -124,7 +126,7 @@ class Reader:
             self._seen = context.Value("q", 0, lock=False)
             self._receive, send = context.Pipe(duplex=False)
             self._process = context.Process(target=reader_process_main, name="ready-reader",
-                                            args=(bootstrap, topics, self._stop, self._seen, send), daemon=True)
+                                            args=(kafka, topics, self._stop, self._seen, send), daemon=True)
             self._process.start()
             send.close()
             self.pid = self._process.pid

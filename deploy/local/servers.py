@@ -474,6 +474,7 @@ class Kafka(Server):
     def jvm_command(self, java: str) -> list[str]:
         config = self.conf / "server.properties"
         config.write_text(self._properties())
+        config.chmod(0o600)  # the secure cluster's holds the brokers' own password
         jvm = [
             java, *COMMON_JVM_FLAGS, "-Xmx512m",
             # kafka_2.13 4.1.1 logs through slf4j-api 1.7; slf4j-simple writes to stderr.
@@ -486,11 +487,22 @@ class Kafka(Server):
         ]
         if not self.formatted:
             self._format(jvm, config)
+        elif self.settings.secure and not self.secure_marker.exists():
+            raise ClusterError(f"{self.name}'s storage in {self.data} was formatted without the secure cluster's "
+                               "SCRAM users, so its brokers could not authenticate to each other: run "
+                               "`cluster.py wipe --secure` and start again")
         return [*jvm, self.main_class, str(config)]
 
     @property
     def formatted(self) -> bool:
         return (self.data / "meta.properties").exists()
+
+    @property
+    def secure_marker(self) -> Path:
+        """Written when the storage is formatted with the secure cluster's SCRAM users:
+        a node formatted without them could never authenticate its own inter-broker
+        connections."""
+        return self.home / "formatted-secure"
 
     def cluster_id(self) -> str | None:
         """The KRaft cluster id this node's storage was formatted with."""
@@ -512,9 +524,20 @@ class Kafka(Server):
         else:
             known = [peer.cluster_id() for peer in self.peers]
             command = ["-t", next((found for found in known if found), None) or self.shared_cluster_id()]
-        output = run_tool([*jvm, "kafka.tools.StorageTool", "format", *command, "-c", str(config)])
+        if self.settings.secure:
+            # The brokers' own user must exist before the first start (inter-broker traffic
+            # authenticates as it); the scheduler's users are made with it. `provision`
+            # sets them again at every start, so a changed password file takes effect.
+            credentials = self.settings.credentials
+            for user in KAFKA_USERS:
+                password = credentials.password(f"kafka-{user}")
+                command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
+        output = run_tool([*jvm, "kafka.tools.StorageTool", "format", *command, "-c", str(config)],
+                          shown=7 if not self.settings.secure else 0)
         with self.log_file.open("a") as log:
             log.write(output)
+        if self.settings.secure:
+            self.secure_marker.write_text("formatted with the SCRAM users of the secure cluster\n")
 
     def shared_cluster_id(self) -> str:
         """A new cluster id for a cluster none of whose nodes is formatted yet: made once,
@@ -570,20 +593,123 @@ class Kafka(Server):
             # Topics are created explicitly, as in production.
             "auto.create.topics.enable": "false",
         }
+        if self.settings.secure:
+            properties |= self._security()
         return f"# {GENERATED}\n" + "".join(f"{key}={value}\n" for key, value in properties.items())
+
+    def _security(self) -> dict[str, str]:
+        """Clients on SASL_SSL (SCRAM-SHA-512 over TLS, a client certificate required);
+        the brokers as `admin` on the same listener; the KRaft controller on mutual TLS,
+        the node's own certificate its principal (SCRAM is not offered there). ACLs
+        decide the rest, and with no ACL nothing is allowed."""
+        host, ports = self.host, self.ports()
+        credentials = self.settings.credentials
+        listeners = f"SASL_SSL://{host}:{ports['broker']},CONTROLLER://{host}:{ports['controller']}"
+        admin_password = credentials.password("kafka-admin")
+        return {
+            "listeners": listeners,
+            "advertised.listeners": listeners,
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol": "SCRAM-SHA-512",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{KAFKA_ADMIN}" password="{admin_password}";',
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(credentials.server_bundle(host)),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(credentials.ca),
+            # Per listener: a broker-wide ssl.client.auth applies to SSL listeners only.
+            "listener.name.sasl_ssl.ssl.client.auth": "required",
+            "listener.name.controller.ssl.client.auth": "required",
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "allow.everyone.if.no.acl.found": "false",
+            "super.users": f"User:{KAFKA_ADMIN};User:{self.controller_principal}",
+        }
+
+    @property
+    def controller_principal(self) -> str:
+        """The name Kafka gives a peer that proves itself with this node's certificate on
+        the SSL controller listener: its subject's distinguished name."""
+        return f"CN={self.host}"
+
+    def client_config(self, user: str = "admin") -> dict[str, object]:
+        """librdkafka settings for a client of this node, as `user` on the secure
+        cluster (with the scheduler's client certificate), with none on the plain one."""
+        host, ports = self.host, self.ports()
+        config: dict[str, object] = {"bootstrap.servers": f"{host}:{ports['broker']}", "log_level": 0}
+        if self.settings.secure:
+            credentials = self.settings.credentials
+            config |= {
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanisms": "SCRAM-SHA-512",
+                "sasl.username": user,
+                "sasl.password": credentials.password(f"kafka-{user}"),
+                "ssl.ca.location": str(credentials.ca),
+                "ssl.certificate.location": str(credentials.client_cert),
+                "ssl.key.location": str(credentials.client_key),
+            }
+        return config
+
+    def provision(self, timeout_s: float) -> None:
+        """On the secure cluster: the SCRAM users' passwords (again: the password files
+        decide), and the ACLs of `scheduler` and `reader`, made as `admin`. Creating an
+        ACL binding that exists changes nothing, so this runs at every start."""
+        if not self.settings.secure:
+            return
+        admin_module = import_client("confluent_kafka.admin", "confluent-kafka")
+        admin = admin_module.AdminClient(self.client_config(KAFKA_ADMIN))
+        credentials = self.settings.credentials
+        upserts = [admin_module.UserScramCredentialUpsertion(
+            user, admin_module.ScramCredentialInfo(admin_module.ScramMechanism.SCRAM_SHA_512, 8192),
+            credentials.password(f"kafka-{user}").encode()) for user in (KAFKA_SCHEDULER, KAFKA_READER)]
+        bindings = [
+            admin_module.AclBinding(getattr(admin_module.ResourceType, kind), name,
+                                    admin_module.ResourcePatternType.LITERAL, f"User:{user}", "*",
+                                    getattr(admin_module.AclOperation, operation),
+                                    admin_module.AclPermissionType.ALLOW)
+            for user, kind, name, operation in KAFKA_ACLS
+        ]
+        try:
+            for future in admin.alter_user_scram_credentials(upserts, request_timeout=timeout_s).values():
+                future.result(timeout=timeout_s)
+            for future in admin.create_acls(bindings, request_timeout=timeout_s).values():
+                future.result(timeout=timeout_s)
+        except Exception as exc:  # KafkaException, its timeout
+            raise ClusterError(f"{self.name}: could not set the SCRAM users and ACLs as {KAFKA_ADMIN}: {exc}") from exc
 
     def probe(self, host: str, ports: dict[str, int], timeout_s: float) -> None:
         require_open(host, ports["broker"])
         admin_module = import_client("confluent_kafka.admin", "confluent-kafka")
         # log_level 0: librdkafka would print each refused connection to stderr.
-        admin = admin_module.AdminClient(
-            {"bootstrap.servers": f"{host}:{ports['broker']}", "log_level": 0})
+        admin = admin_module.AdminClient({**self.client_config(KAFKA_ADMIN),
+                                          "bootstrap.servers": f"{host}:{ports['broker']}"})
         try:
             metadata = admin.list_topics(timeout=timeout_s)
         except Exception as exc:  # KafkaException, including its timeout
             raise NotReady(f"metadata request failed: {exc}") from exc
         if not metadata.brokers:
             raise NotReady("the metadata lists no broker yet")
+
+
+KAFKA_ADMIN, KAFKA_SCHEDULER, KAFKA_READER = "admin", "scheduler", "reader"
+KAFKA_USERS = (KAFKA_ADMIN, KAFKA_SCHEDULER, KAFKA_READER)
+"""The secure cluster's SCRAM users; each one's password is ``kafka-<user>`` of credentials.py."""
+
+KAFKA_ACLS: tuple[tuple[str, str, str, str], ...] = (
+    *((KAFKA_SCHEDULER, "TOPIC", "*", operation)
+      for operation in ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "WRITE", "READ", "DELETE")),
+    *((KAFKA_SCHEDULER, "GROUP", "*", operation) for operation in ("READ", "DESCRIBE", "DELETE")),
+    (KAFKA_READER, "TOPIC", "*", "READ"),
+    (KAFKA_READER, "TOPIC", "*", "DESCRIBE"),
+    (KAFKA_READER, "GROUP", "*", "READ"),
+)
+"""(user, resource type, name, operation) allowed on the secure cluster: what the
+scheduler does (make, describe, write, read and delete its topics; commit, describe and
+delete its groups) on every topic and group, since each test picks a topic prefix of its
+own; production grants the same on the prefix (deploy/README.md). `reader` may read and
+not write."""
 
 
 class ZooKeeper(Server):
@@ -745,10 +871,11 @@ def kafka_cluster_id() -> str:
             return text
 
 
-def run_tool(argv: list[str]) -> str:
-    """Runs a short-lived JVM tool and returns its standard output."""
+def run_tool(argv: list[str], shown: int = 7) -> str:
+    """Runs a short-lived JVM tool and returns its standard output. A failure shows the
+    last `shown` arguments (0 when they hold a secret)."""
     done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
-        raise ClusterError(f"{' '.join(argv[-7:])} failed (exit {done.returncode}):\n"
+        raise ClusterError(f"{' '.join(argv[-shown:]) if shown else argv[-1]} failed (exit {done.returncode}):\n"
                            f"{done.stdout}{done.stderr}")
     return done.stdout

@@ -24,6 +24,7 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
     from kazoo.client import KazooClient
 
     from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, connect
+    from scheduler.adapters.kafka.security import client_config
     from scheduler.adapters.kafka.topics import delete_topics
     from scheduler.adapters.zookeeper.security import client_options
     from scheduler.errors import SchedulerError
@@ -37,7 +38,7 @@ def remove_deployment(cassandra: CassandraSettings, kafka: KafkaSettings, zookee
         warnings.append(f"could not drop keyspace {cassandra.keyspace}: {exc}")
     try:
         delete_topics(kafka)
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        admin = AdminClient(client_config(kafka))
         if extra_topics:
             for future in admin.delete_topics(list(extra_topics), operation_timeout=30).values():
                 future.result(timeout=60)

@@ -10,6 +10,7 @@ server that is down.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,9 +112,31 @@ def settings_from(hosts: str, port: int, keyspace: str, replication: str, consis
 
 
 
+KAFKA_SECURITY_OPTIONS = {
+    # option name: (flag, variable, help)
+    "kafka_username": ("--kafka-username", "SCHEDULER_KAFKA_USERNAME",
+                       "SASL user to authenticate to Kafka as (with --kafka-password-file). Default: no SASL."),
+    "kafka_password_file": ("--kafka-password-file", "SCHEDULER_KAFKA_PASSWORD_FILE",
+                            "File holding the Kafka user's password (one line; chmod 600). Read when a client is "
+                            "made; never give the password itself."),
+    "kafka_sasl_mechanism": ("--kafka-sasl-mechanism", "SCHEDULER_KAFKA_SASL_MECHANISM",
+                             "SASL mechanism: SCRAM-SHA-512 (default), SCRAM-SHA-256 or PLAIN (PLAIN only with TLS)."),
+    "kafka_tls_ca": ("--kafka-tls-ca", "SCHEDULER_KAFKA_TLS_CA",
+                     "PEM file of the CA that signed the brokers' certificates: turns TLS on, and a broker whose "
+                     "certificate it did not sign, or that does not name the address dialled, is refused."),
+    "kafka_tls_cert": ("--kafka-tls-cert", "SCHEDULER_KAFKA_TLS_CERT",
+                       "PEM client certificate, for brokers that require one (with --kafka-tls-key)."),
+    "kafka_tls_key": ("--kafka-tls-key", "SCHEDULER_KAFKA_TLS_KEY", "PEM private key of --kafka-tls-cert."),
+}
+"""Each Kafka security option's flag, variable and help; `kafka_settings` reads them."""
+
+
 def queue_options(function: F) -> F:
-    """Where the Kafka cluster is, and the prefix of the scheduler's topics."""
+    """Where the Kafka cluster is, the prefix of the scheduler's topics, and how to
+    connect to it (SASL user and password file, TLS files): paths only, never a secret."""
     defaults = KafkaSettings()
+    for name, (flag, variable, help) in reversed(KAFKA_SECURITY_OPTIONS.items()):
+        function = click.option(flag, name, envvar=variable, show_envvar=True, help=help)(function)
     function = click.option(
         "--topic-prefix", "topic_prefix", default=defaults.topic_prefix, envvar="SCHEDULER_TOPIC_PREFIX",
         show_envvar=True, show_default=True, help="Kafka topic names start with this and a dot.",
@@ -167,13 +190,21 @@ def start_metrics(host: str, port: int | None) -> MetricsServer | None:
     return serve(host, port)
 
 
+def kafka_settings(kafka_bootstrap: str, topic_prefix: str, **security: str | None) -> KafkaSettings:
+    """`KafkaSettings` from `queue_options`' values (each already read from its flag or
+    variable); a flag wins over its variable."""
+    given = {KAFKA_SECURITY_OPTIONS[name][1]: value for name, value in security.items() if value}
+    return KafkaSettings.from_env({**os.environ, **given}, bootstrap=kafka_bootstrap, topic_prefix=topic_prefix)
+
+
 def backend_settings(backend: str, db: Path, *, kafka_bootstrap: str, topic_prefix: str,
-                     zookeeper: ZooKeeperSettings | None = None, **cassandra: Any) -> BackendSettings:
+                     zookeeper: ZooKeeperSettings | None = None, **options: Any) -> BackendSettings:
     """The backend a command's options name (each already read from its flag or variable),
     resolved as `scheduler.connect` resolves its arguments."""
+    security = {name: options.pop(name, None) for name in KAFKA_SECURITY_OPTIONS}
     return connecting.backend_settings(
-        backend=backend, db=db, cassandra=settings_from(**cassandra),
-        kafka=KafkaSettings.from_env(bootstrap=kafka_bootstrap, topic_prefix=topic_prefix), zookeeper=zookeeper,
+        backend=backend, db=db, cassandra=settings_from(**options),
+        kafka=kafka_settings(kafka_bootstrap, topic_prefix, **security), zookeeper=zookeeper,
     )
 
 

@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.kafka.security import client_config
 from tests.cluster import Cluster, cluster_env
 from tests.support import alive, run_script
 
@@ -132,7 +133,7 @@ def test_a_tiny_burst_is_published_whole_never_early_and_leaves_nothing_behind(
     rows = cassandra.session.execute("SELECT keyspace_name FROM system_schema.keyspaces")
     keyspaces = {row.keyspace_name for row in rows}
     assert deployment["keyspace"] not in keyspaces
-    topics = AdminClient({"bootstrap.servers": cluster.kafka.bootstrap}).list_topics(timeout=30).topics
+    topics = AdminClient(client_config(cluster.kafka)).list_topics(timeout=30).topics
     assert not [name for name in topics if name.startswith(deployment["topic_prefix"] + ".")]
     assert not zk_root.exists(deployment["zookeeper_root"])
     assert document["work_dir"] is None

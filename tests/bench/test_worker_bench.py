@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.kafka.security import client_config
 from tests.cluster import Cluster, cluster_env
 from tests.support import alive, run_script
 
@@ -105,7 +106,7 @@ def test_the_cassandra_bench_handles_every_task_once_and_leaves_nothing_behind(
     keyspaces = {row.keyspace_name for row in cassandra.session.execute(
         "SELECT keyspace_name FROM system_schema.keyspaces")}
     assert deployment["keyspace"] not in keyspaces
-    admin = AdminClient({"bootstrap.servers": cluster.kafka.bootstrap})
+    admin = AdminClient(client_config(cluster.kafka))
     topics = admin.list_topics(timeout=30).topics
     assert not [name for name in topics if name.startswith(deployment["topic_prefix"] + ".")]
     groups = admin.list_consumer_groups(request_timeout=30).result().valid

@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from scheduler.adapters.embedded.queue import SqliteQueue
 from scheduler.adapters.kafka.consumer import KafkaConsumer, KafkaTopicScanner
+from scheduler.adapters.kafka.security import client_config
 from scheduler.ports import Consumer, Delivery, TopicPartition, TopicScanner
 from scheduler.settings import KafkaSettings
 from tests.cluster import unique_name
@@ -177,8 +178,8 @@ class KafkaBackend(Backend):
     def __init__(self, bootstrap: str) -> None:
         super().__init__()
         self.settings = KafkaSettings(bootstrap=bootstrap, topic_prefix=unique_name("t"))
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+        self.admin = AdminClient(client_config(self.settings))
+        self.producer = Producer({**client_config(self.settings), "linger.ms": 0})
         self.topics: list[str] = []
         self.groups: set[str] = set()
 
@@ -209,7 +210,7 @@ class KafkaBackend(Backend):
 
     def committed(self, group: str, topic: str, partitions: Sequence[int]) -> dict[int, int | None]:
         """The group's committed positions, asked without joining it."""
-        reader = ClientConsumer({"bootstrap.servers": self.settings.bootstrap, "group.id": group})
+        reader = ClientConsumer({**client_config(self.settings), "group.id": group})
         try:
             found = reader.committed([KafkaPartition(topic, p) for p in partitions], timeout=10)
         finally:

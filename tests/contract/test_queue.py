@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from scheduler.adapters.embedded.queue import SqliteQueue
+from scheduler.adapters.kafka.security import client_config
 from scheduler.adapters.kafka.topics import watermark_offsets
 from scheduler.ports import HandoffLog, HandoffReader, HandoffRecord, Publisher
 from scheduler.settings import KafkaSettings
@@ -93,7 +94,7 @@ def kafka_backend(bootstrap: str) -> Backend:
 def read_kafka_topic(settings: KafkaSettings, topic: str) -> list[bytes]:
     """Every value in `topic`, partition by partition, read by a plain consumer up to the
     end each partition had when this started."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": unique_name("read"),
+    consumer = Consumer({**client_config(settings), "group.id": unique_name("read"),
                          "enable.auto.commit": False})
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions)

@@ -12,6 +12,7 @@ from confluent_kafka.admin import AdminClient
 from kazoo.client import KazooClient
 
 from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.kafka.security import client_config
 from scheduler.cli import Exit
 from tests.cluster import Cluster, cluster_env
 from tests.embedded.test_demo import SMALL, check_small_story
@@ -35,6 +36,6 @@ def test_the_demo_on_the_real_servers_delivers_everything_and_removes_what_it_ma
     keyspace, prefix, root = made.groups()
     assert cassandra.session.execute(
         "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = %s", (keyspace,)).one() is None
-    topics = AdminClient({"bootstrap.servers": cluster.kafka.bootstrap}).list_topics(timeout=30).topics
+    topics = AdminClient(client_config(cluster.kafka)).list_topics(timeout=30).topics
     assert not [name for name in topics if name.startswith(f"{prefix}.")]
     assert zk_root.exists(root) is None

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
+from scheduler.adapters.kafka.security import client_config
 from scheduler.model import Task, TaskId, decode_message, encode_message, encode_payload
 from tests.cluster import Cluster
 
@@ -18,7 +19,7 @@ def test_task_messages_are_produced_and_consumed_whole_and_in_partition_order(
     cluster: Cluster, kafka_topic: str
 ) -> None:
     producer = Producer(
-        {"bootstrap.servers": cluster.kafka.bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+        {**client_config(cluster.kafka), "enable.idempotence": True, "acks": "all", "linger.ms": 5}
     )
     errors: list[KafkaError] = []
 
@@ -38,7 +39,7 @@ def test_task_messages_are_produced_and_consumed_whole_and_in_partition_order(
     assert errors == []
 
     consumer = Consumer({
-        "bootstrap.servers": cluster.kafka.bootstrap,
+        **client_config(cluster.kafka),
         "group.id": f"test-{uuid.uuid4().hex}",
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,

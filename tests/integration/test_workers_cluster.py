@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 
 from scheduler.adapters.kafka.consumer import KafkaTopicScanner
 from scheduler.adapters.kafka.publisher import KafkaPublisher
+from scheduler.adapters.kafka.security import client_config
 from scheduler.model import Priority, Task, TaskId, decode_message, encode_message, from_ms
 from scheduler.ports import StatusReport, StoredTask, TaskStatus
 from scheduler.producer import Submission
@@ -300,7 +301,7 @@ def test_undecodable_and_unknown_type_messages_are_dead_lettered_the_worker_goes
     # Garbage, then a good task behind it on the same partition: the worker must pass it.
     follower = deployment.client.task("sms", {"after": "garbage"})
     assert deployment.store.insert([follower]) == []
-    producer = Producer({"bootstrap.servers": deployment.kafka.bootstrap})
+    producer = Producer(client_config(deployment.kafka))
     normal = deployment.kafka.ready_topic("normal")
     producer.produce(normal, b"\xc1 this is not a message", partition=0)
     producer.produce(normal, encode_message(follower, 1), partition=0)

@@ -59,6 +59,7 @@ from confluent_kafka import (
 )
 
 from scheduler.adapters.kafka.errors import ClientErrors
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal
 from scheduler.adapters.kafka.topics import list_topics, watermark_offsets
 from scheduler.errors import ConfigError, QueueError
 from scheduler.ports import Delivery, TopicPartition
@@ -112,7 +113,7 @@ class KafkaConsumer:
         self._last_error: str | None = None
         session_ms = int(session_timeout_s * 1000)
         config: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap,
+            **client_config(settings),
             "group.id": group,
             "client.id": member,
             "enable.auto.commit": False,
@@ -129,8 +130,12 @@ class KafkaConsumer:
             self._consumer = ClientConsumer(config)
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConfigError(f"cannot configure the Kafka consumer of group {group}: {exc}") from exc
+        # Not subscribed yet: polling serves callbacks and cannot take a message.
+        self._errors.serve = lambda: self._consumer.poll(0)
         try:
-            list_topics(self._consumer, settings)  # QueueUnavailable now, rather than silence in poll
+            # QueueUnavailable or QueueAccessDenied now, rather than silence in poll
+            list_topics(self._consumer, settings, errors=self._errors)
+            self._errors.serve = None
             try:
                 self._consumer.subscribe(
                     list(topics), on_assign=self._assigned_cb, on_revoke=self._revoked_cb, on_lost=self._lost_cb
@@ -155,6 +160,9 @@ class KafkaConsumer:
                 if first is not None and max_records > 1:
                     messages += self._consumer.consume(max_records - 1, 0)
             except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                if (refused := refusal(error)) is not None:
+                    raise access_denied(self.settings, refused, error, f"consume as group {self.group}") from exc
                 raise QueueError(f"consuming for group {self.group} failed: {exc.args[0]}") from exc
             self._check_usable()
             deliveries = self._deliveries(messages)
@@ -179,6 +187,9 @@ class KafkaConsumer:
     def _message_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
+        if (refused := refusal(error)) is not None:
+            # librdkafka would retry for ever; the worker would sit idle, looking healthy.
+            raise access_denied(self.settings, refused, error.str(), f"consume as group {self.group}")
         if error.fatal():
             raise QueueError(f"the consumer of group {self.group} failed for good ({error}); make a new one")
         if error.code() == KafkaError.INVALID_SESSION_TIMEOUT:
@@ -254,11 +265,16 @@ class KafkaConsumer:
             if isinstance(error, KafkaError) and error.code() in REBALANCE_REFUSALS:
                 self._dropped(offsets, error)
                 return
+            if (denied := refusal(error)) is not None:
+                raise access_denied(self.settings, denied, error, f"commit positions of group {self.group}") from exc
             raise QueueError(f"committing positions of group {self.group} failed: {error or exc}") from exc
         failed = [(result, result.error) for result in results if result.error is not None]
         refused = [
             f"{tp.topic}[{tp.partition}]: {error}" for tp, error in failed if error.code() not in REBALANCE_REFUSALS
         ]
+        for _tp, error in failed:
+            if (denied := refusal(error)) is not None:
+                raise access_denied(self.settings, denied, error.str(), f"commit positions of group {self.group}")
         if refused:
             raise QueueError(f"committing positions of group {self.group} failed for {'; '.join(refused)}")
         if failed:
@@ -318,6 +334,8 @@ class KafkaConsumer:
     def _check_usable(self) -> None:
         if self._closed:
             raise QueueError(f"the consumer of group {self.group} is closed")
+        if self._errors.denied is not None:
+            self._errors.raise_denied(self.settings, f"consume as group {self.group}")
         if self._errors.fatal is not None:
             raise QueueError(
                 f"the consumer of group {self.group} failed for good ({self._errors.fatal}); make a new one"
@@ -342,8 +360,10 @@ class KafkaTopicScanner:
     def scan(self, topic: str, *, limit: int | None = None) -> list[Delivery]:
         if limit is not None and limit < 0:
             raise ValueError(f"limit must not be negative, got {limit}")
+        errors = ClientErrors("scanner", "kafka.scanner", log)
         config: dict[str, Any] = {
-            "bootstrap.servers": self.settings.bootstrap,
+            **client_config(self.settings),
+            "error_cb": errors,
             # Never joined nor committed to (partitions are assigned by hand): a name of
             # its own only so that no other group's state can be touched.
             "group.id": f"{self.settings.topic_prefix}.scan.{uuid.uuid4().hex}",
@@ -356,15 +376,20 @@ class KafkaTopicScanner:
             "logger": log,
         }
         consumer = ClientConsumer(config)
+        errors.serve = lambda: consumer.poll(0)  # only before the partitions are assigned
         try:
-            return self._scan(consumer, topic, limit)
+            return self._scan(consumer, topic, limit, errors)
         except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if (refused := refusal(error)) is not None:
+                raise access_denied(self.settings, refused, error, f"read {topic}") from exc
             raise QueueError(f"scanning {topic} on Kafka at {self.settings.bootstrap} failed: {exc.args[0]}") from exc
         finally:
             consumer.close()
 
-    def _scan(self, consumer: ClientConsumer, topic: str, limit: int | None) -> list[Delivery]:
-        metadata = list_topics(consumer, self.settings).topics.get(topic)
+    def _scan(self, consumer: ClientConsumer, topic: str, limit: int | None, errors: ClientErrors) -> list[Delivery]:
+        metadata = list_topics(consumer, self.settings, errors=errors).topics.get(topic)
+        errors.serve = None
         if metadata is None or metadata.error is not None or limit == 0:
             return []
         ends: dict[int, int] = {}
@@ -390,6 +415,8 @@ class KafkaTopicScanner:
                 if partition is None or partition not in reading:
                     continue
                 if error is not None:
+                    if (refused := refusal(error)) is not None:
+                        raise access_denied(self.settings, refused, error.str(), f"read {topic}")
                     if error.code() != KafkaError._PARTITION_EOF:
                         raise QueueError(f"scanning {topic} failed: {error}")
                     reading.discard(partition)

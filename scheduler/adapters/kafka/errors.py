@@ -5,18 +5,33 @@ librdkafka retries client errors (a broker gone away) by itself and reports them
 is unusable and a new one must be made. `ClientErrors` is that callback: it remembers
 the fatal error and the last one, for the client's own exceptions, and logs each
 distinct error once rather than on every retry.
+
+A fatal error is not always given to `error_cb`: confluent-kafka raises it from the
+`poll` or `flush` that serves it, as a `KafkaException` (or, when a delivery callback
+runs after it in the same call, as a `SystemError` caused by one). `note_raised` takes
+it from there into `fatal`.
+
+A refusal (failed authentication, a TLS handshake the broker or the client would not
+complete, a fatal authorization error) is remembered apart, in `denied`: librdkafka
+retries it like an outage, and the request in progress times out, but no retry can
+succeed. `raise_denied` turns it into `QueueAccessDenied`. librdkafka calls `error_cb`
+only while the client is polled; `serve` does that for a client that is not.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
+
+from scheduler.adapters.kafka.security import access_denied, refusal
+from scheduler.settings import KafkaSettings
 
 
 class ClientErrors:
-    """The `error_cb` of one client, named `what` in logs, with actions `<action>.fatal`
-    and `<action>.error`."""
+    """The `error_cb` of one client, named `what` in logs, with actions `<action>.fatal`,
+    `<action>.denied` and `<action>.error`."""
 
     def __init__(self, what: str, action: str, log: logging.Logger) -> None:
         self.what = what
@@ -24,12 +39,42 @@ class ClientErrors:
         self.log = log
         self.fatal: KafkaError | None = None
         self.last: KafkaError | None = None
+        self.denied: tuple[str, KafkaError] | None = None
+        """(what was refused, as `security.refusal` names it; the error)."""
+        self.serve: Callable[[], object] | None = None
+        """Serves the client's queued callbacks without taking messages (`poll(0)` of a
+        producer or admin client); None where that is not safe."""
 
     def __call__(self, error: KafkaError) -> None:
+        refused = refusal(error)
+        if refused is not None:
+            if self.denied is None or self.denied[1].str() != error.str():
+                self.log.error("%s refused by Kafka: %s", self.what, error, extra={"action": f"{self.action}.denied"})
+            self.denied = (refused, error)
         if error.fatal():
             self.fatal = error
             self.log.error("fatal %s error: %s", self.what, error, extra={"action": f"{self.action}.fatal"})
             return
-        if self.last is None or self.last.str() != error.str():
+        if refused is None and (self.last is None or self.last.str() != error.str()):
             self.log.warning("%s error: %s", self.what, error, extra={"action": f"{self.action}.error"})
         self.last = error
+
+    def note_raised(self, exc: BaseException) -> bool:
+        """Records the fatal error `exc` carries (see the module docstring), as `error_cb`
+        would have; False if it carries none."""
+        for candidate in (exc, exc.__cause__, exc.__context__):
+            if isinstance(candidate, KafkaException) and candidate.args and isinstance(candidate.args[0], KafkaError):
+                error: KafkaError = candidate.args[0]
+                if error.fatal():
+                    self(error)
+                    return True
+        return False
+
+    def raise_denied(self, settings: KafkaSettings, what: str) -> None:
+        """`QueueAccessDenied` if the brokers refused this client (serving its callbacks
+        first, where that is safe)."""
+        if self.serve is not None:
+            self.serve()
+        if self.denied is not None:
+            refused, error = self.denied
+            raise access_denied(settings, refused, error.str(), what)

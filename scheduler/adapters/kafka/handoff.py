@@ -50,6 +50,7 @@ from confluent_kafka import (
 )
 
 from scheduler.adapters.kafka.errors import ClientErrors
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.model import check_shard_count
@@ -87,7 +88,7 @@ class KafkaHandoffLog:
         self._timeout_s = timeout_s
         self._errors = ClientErrors("hand-off producer", "kafka.handoff", log)
         config: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap,
+            **client_config(settings),
             "client.id": "scheduler-handoff",
             "enable.idempotence": True,
             "acks": "all",
@@ -99,6 +100,15 @@ class KafkaHandoffLog:
             self._producer = Producer(config)
         except KafkaException as exc:
             raise ConfigError(f"cannot configure the hand-off producer: {exc}") from exc
+        self._errors.serve = lambda: self._serve(0)
+
+    def _serve(self, timeout_s: float) -> None:
+        """Serve delivery reports and errors; a fatal error raised from them is kept."""
+        try:
+            self._producer.poll(timeout_s)
+        except (KafkaException, SystemError) as exc:
+            if not self._errors.note_raised(exc):
+                raise
 
     def append(self, batches: Sequence[tuple[int, Sequence[bytes]]]) -> None:
         for shard, _values in batches:
@@ -112,19 +122,27 @@ class KafkaHandoffLog:
             for shard, values in batches:
                 for value in values:
                     self._produce(topic, value, shard, deliveries)
-        except KafkaException as exc:
-            raise QueueError(f"Kafka refused a hand-off record: {exc.args[0]}") from exc
+        except (KafkaException, SystemError) as exc:
+            if not self._errors.note_raised(exc):
+                raise QueueError(f"Kafka refused a hand-off record: {exc.args[0] if exc.args else exc}") from exc
+        what = f"write to {topic}"
         deadline = time.monotonic() + self._timeout_s
         while deliveries.pending:
             if self._errors.fatal is not None:
+                if self._errors.denied is not None:
+                    self._errors.raise_denied(self.settings, what)
                 raise QueueError(f"the hand-off producer failed for good ({self._errors.fatal}); make a new one")
             if time.monotonic() >= deadline:
+                self._errors.raise_denied(self.settings, what)
                 raise QueueError(
                     f"{deliveries.pending} of {deliveries.expected} hand-off records are still unacknowledged "
                     f"after {self._timeout_s} s (last error from Kafka at {self.settings.bootstrap}: "
                     f"{self._errors.last or 'none'})"
                 )
-            self._producer.poll(POLL_INTERVAL_S)
+            self._serve(POLL_INTERVAL_S)
+        refused = [error for error in deliveries.reports if error is not None and refusal(error) is not None]
+        if refused:
+            raise access_denied(self.settings, refusal(refused[0]) or "topic", refused[0].str(), what)
         errors = {str(error) for error in deliveries.reports if error is not None}
         if errors:
             raise QueueError(f"hand-off records were not stored: {'; '.join(sorted(errors))}")
@@ -140,12 +158,13 @@ class KafkaHandoffLog:
                     raise QueueError(
                         f"the hand-off producer's buffer stayed full for {self._timeout_s} s"
                     ) from None
-                self._producer.poll(0.05)
+                self._serve(0.05)
 
     def check(self, timeout_s: float | None = None) -> None:
-        """`QueueUnavailable` if no broker answers; `QueueError` if the hand-off topic is
-        missing or does not have one partition per shard."""
-        metadata = list_topics(self._producer, self.settings, timeout_s)
+        """`QueueUnavailable` if no broker answers; `QueueAccessDenied` if the brokers
+        refuse this client; `QueueError` if the hand-off topic is missing or does not have
+        one partition per shard."""
+        metadata = list_topics(self._producer, self.settings, timeout_s, errors=self._errors)
         topic = metadata.topics.get(self.settings.handoff_topic)
         if topic is None or topic.error is not None:
             raise QueueError(
@@ -178,7 +197,7 @@ class KafkaHandoffReader:
         self._pending_error: QueueError | None = None
         self._errors = ClientErrors("hand-off consumer", "kafka.handoff.consumer", log)
         config: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap,
+            **client_config(settings),
             "client.id": member,
             "group.id": settings.dispatcher_group,
             "enable.auto.commit": False,
@@ -222,7 +241,7 @@ class KafkaHandoffReader:
     def check(self, timeout_s: float | None = None) -> None:
         """`QueueUnavailable` if no broker answers; `QueueError` if the hand-off topic is
         missing (a reader assigned a shard of a missing topic would wait in silence)."""
-        metadata = list_topics(self._consumer, self.settings, timeout_s)
+        metadata = list_topics(self._consumer, self.settings, timeout_s, errors=self._errors)
         topic = metadata.topics.get(self._topic)
         if topic is None or topic.error is not None:
             raise QueueError(
@@ -265,7 +284,10 @@ class KafkaHandoffReader:
         for message in messages:
             error = message.error()
             if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF and self._pending_error is None:
+                refused = refusal(error)
+                if refused is not None and self._pending_error is None:
+                    self._pending_error = access_denied(self.settings, refused, error.str(), f"read {self._topic}")
+                elif error.code() != KafkaError._PARTITION_EOF and self._pending_error is None:
                     self._pending_error = QueueError(
                         f"reading the hand-off topic {self._topic} (partition {message.partition()}) "
                         f"failed: {error}"
@@ -285,6 +307,10 @@ class KafkaHandoffReader:
         try:
             results = self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if (refused := refusal(error)) is not None:
+                raise access_denied(self.settings, refused, error,
+                                    f"commit positions of group {self.settings.dispatcher_group}") from exc
             raise QueueError(f"committing hand-off positions {dict(positions)} failed: {exc.args[0]}") from exc
         failed = [f"shard {result.partition}: {result.error}" for result in results if result.error is not None]
         if failed:
@@ -295,6 +321,8 @@ class KafkaHandoffReader:
         self._consumer.close()
 
     def _check_fatal(self) -> None:
+        if self._errors.denied is not None:
+            self._errors.raise_denied(self.settings, f"read {self._topic}")
         if self._errors.fatal is not None:
             raise QueueError(f"the hand-off consumer failed for good ({self._errors.fatal}); make a new one")
 

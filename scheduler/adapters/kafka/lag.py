@@ -22,9 +22,9 @@ from scheduler.settings import KafkaSettings
 def consumer_lag(settings: KafkaSettings, groups: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """Topic -> messages its group (`groups`: group -> its topics) has not committed
     past; a topic that does not exist yet is left out."""
-    admin = admin_client(settings)
+    admin, errors = admin_client(settings)
     timeout = settings.connect_timeout_s
-    metadata = list_topics(admin, settings)
+    metadata = list_topics(admin, settings, errors=errors)
     lag: dict[str, int] = {}
     try:
         for group, topics in groups.items():

@@ -17,6 +17,11 @@ acknowledged by then may still be stored later; the caller publishes again whate
 cannot prove stored, and downstream tolerates duplicates.
 
 Failures:
+- the brokers refusing this producer (its SASL credentials, its TLS, or the ACLs: no
+  WRITE on a ready topic, no IDEMPOTENT_WRITE) is `QueueAccessDenied`, from `check`, and
+  from `flush` when any delivery since the last one was refused: the messages of that
+  flush are then not known stored, exactly as after any failed flush, and the caller
+  keeps them;
 - a full buffer makes `publish` wait (serving delivery reports) until there is room, at
   most `buffer_wait_s`, then `QueueError`;
 - a fatal error of the idempotent producer (the broker lost its sequence state, the
@@ -40,6 +45,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from scheduler.adapters.kafka.errors import ClientErrors
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.settings import READY_TOPICS, KafkaSettings
@@ -73,9 +79,13 @@ class KafkaPublisher:
         self._buffer_wait_s = buffer_wait_s
         self._failures: Counter[tuple[str, str]] = Counter()
         """Failed deliveries since the last flush, by (topic, error)."""
+        self._refused: dict[str, KafkaError] = {}
+        """Topics whose deliveries the brokers refused since the last flush, and why."""
+        self._topics: set[str] = set()
+        """Topics published to since the last flush."""
         self._errors = ClientErrors("producer", "kafka.producer", log)
         full_config: dict[str, Any] = {
-            "bootstrap.servers": settings.bootstrap,
+            **client_config(settings),
             "client.id": client_id,
             **PRODUCER_CONFIG,
             **(config or {}),
@@ -87,8 +97,10 @@ class KafkaPublisher:
             self._producer = Producer(full_config)
         except (KafkaException, ValueError, TypeError) as exc:
             raise ConfigError(f"cannot configure the Kafka producer: {exc}") from exc
+        self._errors.serve = lambda: self._serve(0)
 
     def publish(self, topic: str, values: Sequence[bytes], timestamp_ms: int | None = None) -> None:
+        self._topics.add(topic)
         if self._errors.fatal is not None:
             raise self._fatal_error()
         produce = self._producer.produce
@@ -99,14 +111,16 @@ class KafkaPublisher:
                     produce(topic, value, timestamp=stamp)
                 except BufferError:
                     self._produce_when_room(topic, value, stamp)
-        except KafkaException as exc:
-            raise QueueError(f"Kafka refused a message for {topic}: {exc.args[0]}") from exc
-        self._producer.poll(0)  # serve failure reports and errors without waiting
+            self._producer.poll(0)  # serve failure reports and errors without waiting
+        except (KafkaException, SystemError) as exc:
+            if self._errors.note_raised(exc):
+                raise self._fatal_error() from exc
+            raise QueueError(f"Kafka refused a message for {topic}: {exc.args[0] if exc.args else exc}") from exc
 
     def _produce_when_room(self, topic: str, value: bytes, timestamp_ms: int) -> None:
         deadline = time.monotonic() + self._buffer_wait_s
         while True:
-            self._producer.poll(0.05)
+            self._serve(0.05)
             if self._errors.fatal is not None:
                 raise self._fatal_error()
             try:
@@ -121,16 +135,28 @@ class KafkaPublisher:
                     ) from None
 
     def flush(self, timeout_s: float) -> None:
-        remaining = self._producer.flush(timeout_s)
+        try:
+            remaining = self._producer.flush(timeout_s)
+        except (KafkaException, SystemError) as exc:
+            if not self._errors.note_raised(exc):
+                raise
+            remaining = len(self._producer)
         failures, self._failures = self._failures, Counter()
+        refused, self._refused = self._refused, {}
+        topics, self._topics = self._topics, set()
+        if refused:
+            error = refused[min(refused)]
+            raise access_denied(self.settings, refusal(error) or "topic", error.str(),
+                                f"write to {', '.join(sorted(refused))}")
         if self._errors.fatal is not None:
-            raise self._fatal_error()
+            raise self._fatal_error(topics)
         if failures:
             lost = "; ".join(f"{count} to {topic} ({error})" for (topic, error), count in failures.items())
             raise QueueError(
                 f"{failures.total()} messages published since the last flush were not stored: {lost}"
             )
         if remaining:
+            self._errors.raise_denied(self.settings, f"write to {', '.join(sorted(topics)) or 'its topics'}")
             raise QueueError(
                 f"{remaining} messages are still unacknowledged after {timeout_s} s (last error from Kafka at "
                 f"{self.settings.bootstrap}: {self._errors.last or 'none'}); publish them again once Kafka answers"
@@ -140,7 +166,7 @@ class KafkaPublisher:
         """Fetch the cluster's metadata: `QueueUnavailable` if no broker answers within
         `timeout_s` (default: the settings' `connect_timeout_s`), `QueueError` if a
         ready topic is missing."""
-        metadata = list_topics(self._producer, self.settings, timeout_s)
+        metadata = list_topics(self._producer, self.settings, timeout_s, errors=self._errors)
         missing = [
             name
             for name in map(self.settings.ready_topic, READY_TOPICS)
@@ -159,11 +185,26 @@ class KafkaPublisher:
         self._producer.flush(0)
         self._producer.close()
 
+    def _serve(self, timeout_s: float) -> None:
+        """Serve delivery reports and errors; a fatal error raised from them is kept."""
+        try:
+            self._producer.poll(timeout_s)
+        except (KafkaException, SystemError) as exc:
+            if not self._errors.note_raised(exc):
+                raise
+
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
-            self._failures[(message.topic() or "?", f"{error.name()}: {error.str()}")] += 1
+            topic = message.topic() or "?"
+            if refusal(error) is not None:
+                self._refused[topic] = error
+            self._failures[(topic, f"{error.name()}: {error.str()}")] += 1
 
-    def _fatal_error(self) -> QueueError:
+    def _fatal_error(self, topics: set[str] | None = None) -> QueueError:
+        if self._errors.denied is not None and self._errors.denied[1] is self._errors.fatal:
+            refused, error = self._errors.denied
+            return access_denied(self.settings, refused, error.str(),
+                                 f"write to {', '.join(sorted(topics or self._topics)) or 'its topics'}")
         return QueueError(
             f"the idempotent producer failed for good ({self._errors.fatal}); messages not flushed may be lost: "
             "close this publisher, make a new one and publish them again"

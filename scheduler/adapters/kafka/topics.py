@@ -16,7 +16,8 @@ Topics get the broker's default replication factor (`default.replication.factor`
 in-sync replica has it.
 
 Failures: `QueueUnavailable` when no broker answers within `connect_timeout_s`,
-`QueueError` when Kafka refuses to create or delete a topic.
+`QueueAccessDenied` when the brokers refuse the scheduler's credentials, TLS or ACLs,
+`QueueError` when Kafka refuses to create or delete a topic for another reason.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic  # type: ignore[attr-defined]
 
+from scheduler.adapters.kafka.errors import ClientErrors
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal
 from scheduler.errors import ConfigError, QueueError, QueueUnavailable
 from scheduler.model import check_shard_count
 from scheduler.settings import (
@@ -43,6 +46,10 @@ log = logging.getLogger(__name__)
 
 WATERMARK_RETRY_S = 0.2
 """Pause between asks for a partition's watermarks while it has no leader."""
+
+REFUSAL_CHECK_S = 0.5
+"""How often a metadata request that has no answer yet looks for a refusal among the
+client's errors: a refused login makes librdkafka retry until the request times out."""
 
 USE_BROKER_DEFAULT = -1
 """Replication factor -1: the broker's `default.replication.factor`."""
@@ -67,8 +74,8 @@ def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
     if ready_partitions < 1:
         raise ConfigError(f"ready topics need at least one partition, got {ready_partitions}")
     wanted = wanted_topics(settings, shard_count=shard_count, ready_partitions=ready_partitions)
-    admin = admin_client(settings)
-    existing = _partition_counts(admin, settings)
+    admin, errors = admin_client(settings)
+    existing = _partition_counts(admin, settings, errors)
     _check_handoff(settings, existing, shard_count)
     missing = [
         NewTopic(name, num_partitions=count, replication_factor=USE_BROKER_DEFAULT,
@@ -81,13 +88,13 @@ def ensure_topics(settings: KafkaSettings, *, shard_count: int, ready_partitions
             missing, request_timeout=settings.connect_timeout_s, operation_timeout=settings.connect_timeout_s
         )
         for name, future in futures.items():
-            _wait(future, settings, f"create topic {name}", tolerate=KafkaError.TOPIC_ALREADY_EXISTS)
+            _wait(future, settings, f"create topic {name}", tolerate=KafkaError.TOPIC_ALREADY_EXISTS, errors=errors)
             log.info("created topic %s", name, extra={"action": "kafka.topic.create", "topic": name})
     # Creation is asynchronous: wait until the broker's metadata shows every topic, so
     # that a producer started next finds them.
     deadline = time.monotonic() + settings.connect_timeout_s
     while True:
-        existing = _partition_counts(admin, settings)
+        existing = _partition_counts(admin, settings, errors)
         _check_handoff(settings, existing, shard_count)
         absent = sorted(name for name in wanted if name not in existing)
         if not absent:
@@ -104,8 +111,8 @@ def delete_topics(settings: KafkaSettings) -> None:
     """Delete the deployment's topics and the dispatchers' committed positions (the
     consumer group), whichever exist. Everything waiting in them is lost: for tests and
     for tearing a deployment down."""
-    admin = admin_client(settings)
-    existing = _partition_counts(admin, settings)
+    admin, errors = admin_client(settings)
+    existing = _partition_counts(admin, settings, errors)
     names = [
         name
         for name in wanted_topics(settings, shard_count=1, ready_partitions=1)
@@ -115,33 +122,52 @@ def delete_topics(settings: KafkaSettings) -> None:
         futures = admin.delete_topics(names, request_timeout=settings.connect_timeout_s,
                                       operation_timeout=settings.connect_timeout_s)
         for name, future in futures.items():
-            _wait(future, settings, f"delete topic {name}", tolerate=KafkaError.UNKNOWN_TOPIC_OR_PART)
+            _wait(future, settings, f"delete topic {name}", tolerate=KafkaError.UNKNOWN_TOPIC_OR_PART, errors=errors)
     group = settings.dispatcher_group
     futures = admin.delete_consumer_groups([group], request_timeout=settings.connect_timeout_s)
-    _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND)
+    _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND,
+          errors=errors)
 
 
-def admin_client(settings: KafkaSettings) -> AdminClient:
+def admin_client(settings: KafkaSettings) -> tuple[AdminClient, ClientErrors]:
+    """An admin client of the brokers, connected as the settings say, and its errors."""
+    errors = ClientErrors("admin client", "kafka.admin", log)
     # The logger keeps librdkafka's own log lines (one per refused connection) off stderr.
-    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap, "logger": log}
-    return AdminClient(config)
+    config: dict[str, Any] = {**client_config(settings), "logger": log, "error_cb": errors}
+    admin = AdminClient(config)
+    errors.serve = lambda: admin.poll(0)
+    return admin, errors
 
 
-def _partition_counts(admin: AdminClient, settings: KafkaSettings) -> dict[str, int]:
+def _partition_counts(admin: AdminClient, settings: KafkaSettings, errors: ClientErrors) -> dict[str, int]:
     """Partition count of every topic the broker lists (topics in error left out)."""
-    metadata = list_topics(admin, settings)
+    metadata = list_topics(admin, settings, errors=errors)
     return {name: len(topic.partitions) for name, topic in metadata.topics.items() if topic.error is None}
 
 
-def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = None) -> ClusterMetadata:
+def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = None, *,
+                errors: ClientErrors | None = None) -> ClusterMetadata:
     """The cluster's metadata through `client` (admin, producer or consumer), or
-    `QueueUnavailable` naming the bootstrap address if no broker answers in time."""
+    `QueueUnavailable` naming the bootstrap address if no broker answers in time. With
+    the client's `errors`, a refusal (credentials, TLS) is `QueueAccessDenied` as soon
+    as librdkafka reports it, rather than a timeout."""
     timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
-    try:
-        metadata: ClusterMetadata = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise unavailable(settings, timeout, exc) from exc
-    return metadata
+    deadline = time.monotonic() + timeout
+    what = "fetch the cluster's metadata"
+    while True:
+        remaining = deadline - time.monotonic()
+        step = remaining if errors is None else min(remaining, REFUSAL_CHECK_S)
+        try:
+            metadata: ClusterMetadata = client.list_topics(timeout=max(step, 0.01))
+            return metadata
+        except KafkaException as exc:
+            if errors is not None:
+                errors.raise_denied(settings, what)
+            error = exc.args[0] if exc.args else None
+            if (refused := refusal(error)) is not None:
+                raise access_denied(settings, refused, error, what) from exc
+            if errors is None or time.monotonic() >= deadline:
+                raise unavailable(settings, timeout, exc) from exc
 
 
 def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int) -> tuple[int, int]:
@@ -174,9 +200,12 @@ def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partit
 
 
 def unavailable(settings: KafkaSettings, timeout_s: float, cause: object) -> QueueUnavailable:
+    hint = ("" if settings.tls is not None and settings.username is not None else
+            " If its brokers take only TLS or SASL connections, set SCHEDULER_KAFKA_TLS_CA and "
+            "SCHEDULER_KAFKA_USERNAME/_PASSWORD_FILE: a plain connection to such a listener is dropped unanswered.")
     return QueueUnavailable(
         f"cannot reach Kafka at {settings.bootstrap} within {timeout_s} s ({cause}). Is it running? For the "
-        "local cluster run `python deploy/local/cluster.py start`; elsewhere set SCHEDULER_KAFKA_BOOTSTRAP."
+        "local cluster run `python deploy/local/cluster.py start`; elsewhere set SCHEDULER_KAFKA_BOOTSTRAP." + hint
     )
 
 
@@ -191,17 +220,22 @@ def _check_handoff(settings: KafkaSettings, existing: dict[str, int], shard_coun
         )
 
 
-def _wait(future: concurrent.futures.Future[None], settings: KafkaSettings, what: str, *, tolerate: int) -> None:
+def _wait(future: concurrent.futures.Future[None], settings: KafkaSettings, what: str, *, tolerate: int,
+          errors: ClientErrors) -> None:
     """The outcome of one admin operation; the error code `tolerate` counts as done."""
     try:
         future.result(timeout=2 * settings.connect_timeout_s)
     except concurrent.futures.TimeoutError as exc:
+        errors.raise_denied(settings, what)
         raise unavailable(settings, 2 * settings.connect_timeout_s, f"no answer to: {what}") from exc
     except KafkaException as exc:
         error = exc.args[0] if exc.args else None
         if isinstance(error, KafkaError):
             if error.code() == tolerate:
                 return
+            if (refused := refusal(error)) is not None:
+                raise access_denied(settings, refused, error.str(), what) from exc
             if error.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN):
+                errors.raise_denied(settings, what)
                 raise unavailable(settings, settings.connect_timeout_s, error) from exc
         raise QueueError(f"Kafka at {settings.bootstrap} refused to {what}: {error or exc}") from exc
