@@ -91,7 +91,8 @@ class QueueAccessDenied(QueueError, ConfigError):
     """Kafka answered, and refused the scheduler: its SASL credentials, its TLS, or an
     operation its ACLs do not allow (writing to a ready topic, reading as a group). A
     setting to fix, not an outage to wait out: a `ConfigError` as well, so the CLI exits
-    2. Nothing the refused call was to publish was stored."""
+    2. What the refused call was to publish is not known stored: a call that wrote to
+    several topics may have stored what went to the ones it may write to."""
 
 
 class QueueUnavailable(QueueError):

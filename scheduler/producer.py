@@ -62,7 +62,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from scheduler import cancels, retention
-from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, StoreError
+from scheduler.errors import ConfigError, HandoffFailed, InvalidTask, QueueAccessDenied, StoreError
 from scheduler.model import (
     DEFAULT_MAX_ATTEMPTS,
     LATE_WRITE_LIMIT_MS,
@@ -521,6 +521,12 @@ class Client:
         except Exception as exc:
             log.warning("hand-off of %d tasks failed", len(due_soon), exc_info=True,
                         extra={"action": "handoff_failed"})
+            if isinstance(exc, QueueAccessDenied):
+                # Submitting again would be refused again: the task stands, the setting is to fix.
+                raise HandoffFailed(
+                    f"stored, but the queue refused its hand-off to the dispatcher, so a task due this soon may fire "
+                    f"late (the dispatchers find it within about 20 s); fix this for the next ones: {exc}"
+                ) from exc
             raise HandoffFailed(
                 f"stored, but the hand-off to the dispatcher failed ({type(exc).__name__}: {exc}), so a task due "
                 "this soon may fire late (the dispatchers find it within about 20 s); submit it again with the same "

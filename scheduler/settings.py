@@ -231,6 +231,10 @@ class KafkaSettings:
         if (self.username is None) != (self.password_file is None):
             raise ConfigError("Kafka SASL needs both a user (SCHEDULER_KAFKA_USERNAME) and a password file "
                               "(SCHEDULER_KAFKA_PASSWORD_FILE)")
+        if self.username is not None and self.sasl_mechanism == "PLAIN" and self.tls is None:
+            # PLAIN sends the password itself: over a plain connection, to anyone listening.
+            raise ConfigError("Kafka SASL PLAIN would send the password in clear: give the brokers' CA "
+                              "(SCHEDULER_KAFKA_TLS_CA) to connect over TLS, or use SCRAM-SHA-512")
         if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,150}", self.topic_prefix):
             raise ConfigError(
                 f"topic prefix {self.topic_prefix!r} is not usable in Kafka topic names: "

@@ -21,10 +21,11 @@ from kazoo.exceptions import NoAuthError
 
 from scheduler.adapters.teardown import remove_deployment
 from scheduler.adapters.zookeeper.coordinator import ZkCoordinator
+from scheduler.adapters.zookeeper.tls import refusal, servers
 from scheduler.errors import CoordinatorAccessDenied
 from scheduler.ports import SessionState
 from scheduler.settings import CassandraSettings, KafkaSettings, TlsFiles, ZooKeeperSettings
-from tests.cluster import unique_name
+from tests.cluster import Cluster, unique_name
 from tests.secure_cluster import SecureCluster
 from tests.support import run_cli, zookeeper_session
 
@@ -158,3 +159,13 @@ def test_a_dispatcher_without_a_client_certificate_exits_2_saying_why(dispatcher
     with zookeeper_session(dispatcher_env["SCHEDULER_ZOOKEEPER_HOSTS"], ZooKeeperSettings.from_env(dispatcher_env).tls) \
             as observer:
         assert not observer.exists(f"{dispatcher_env['SCHEDULER_ZOOKEEPER_ROOT']}/members/uncertified")
+
+
+def test_tls_spoken_to_a_clear_text_port_is_told_apart_from_an_outage(
+        cluster: Cluster, secure_cluster: SecureCluster) -> None:
+    # The plain cluster's ZooKeeper closes a TLS hello unanswered, as a server at its
+    # connection limit would close any connection: its answer to a clear-text connect
+    # request is what makes it a setting to fix rather than an outage.
+    host, port = servers(cluster.zookeeper.hosts)[0]
+    found = refusal(cluster.zookeeper.hosts, secure_cluster.zookeeper.tls, 5.0)
+    assert found is not None and found.startswith(f"ZooKeeper at {host}:{port} does not speak TLS on this port")

@@ -35,6 +35,15 @@ def test_a_wrong_password_names_the_user_and_the_settings_but_not_the_password()
     assert "SCHEDULER_CASSANDRA_USERNAME" in str(found) and "s3cret-pw" not in str(found)
 
 
+def test_a_login_the_node_could_not_check_is_an_outage_not_a_refusal() -> None:
+    # What PasswordAuthenticator answers when it cannot read system_auth at its
+    # consistency level: the password was never judged.
+    found = failure(LOGIN, **{NODE: AuthenticationFailed(
+        'Failed to authenticate to 10.0.0.7:9042: Error from server: code=0100 [Bad credentials] '
+        'message="Unable to perform authentication: Cannot achieve consistency level LOCAL_ONE"')})
+    assert isinstance(found, StoreUnavailable), found
+
+
 def test_no_login_where_one_is_required_says_which_settings_give_one() -> None:
     found = failure(CassandraSettings(hosts=("10.0.0.7",)),
                     **{NODE: AuthenticationFailed("Remote end requires authentication")})

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from scheduler import cancels
 from scheduler.adapters.embedded.store import SqliteTaskStore
-from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, StoreError
+from scheduler.errors import HandoffFailed, InvalidPayload, InvalidTask, QueueAccessDenied, StoreError
 from scheduler.model import (
     LATE_WRITE_LIMIT_MS,
     MAX_COST,
@@ -351,6 +351,22 @@ def test_a_failed_hand_off_of_a_task_due_soon_fails_the_submit(store: SqliteTask
     assert [error.index for error in report.failed] == [1]
     assert "hand-off to the dispatcher failed" in report.failed[0].reason
     assert report.ids is not None and report.ids[1] is None and report.ids[0] is not None
+
+
+class RefusedHandoff(RecordingHandoff):
+    def submitted(self, tasks: Sequence[Task]) -> None:
+        raise QueueAccessDenied("Kafka at k:9093 refused to let user 'scheduler' write to scheduler.handoff")
+
+
+def test_a_hand_off_the_queue_refuses_says_the_task_stands_and_what_to_fix(store: SqliteTaskStore) -> None:
+    client = Client(store, tenant="board", handoff=RefusedHandoff(), now_ms=lambda: NOW_MS)
+    with pytest.raises(HandoffFailed) as failed:
+        client.submit("sms")
+    message = str(failed.value)
+    assert "stored, but the queue refused its hand-off" in message
+    assert "refused to let user 'scheduler' write to scheduler.handoff" in message
+    assert "submit it again" not in message  # it would be refused again
+    assert store.get(TaskId.parse(message.split()[1])) is not None  # "task <id> is stored, ..."
 
 
 def test_a_cancel_of_a_task_that_may_be_in_flight_answers_after_the_settle_time_once_for_many(

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import threading
 from pathlib import Path
 
 from scheduler.adapters.zookeeper.security import client_options
@@ -46,3 +49,30 @@ def test_a_client_certificate_without_a_ca_is_a_usage_error(tmp_path: Path) -> N
 
     assert done.returncode == 2, done.stderr
     assert "--zookeeper-tls-cert and --zookeeper-tls-key need --zookeeper-tls-ca" in done.stderr
+
+
+def test_a_server_that_closes_before_the_handshake_and_answers_no_clear_text_is_no_verdict(tmp_path: Path) -> None:
+    # What a ZooKeeper at its maxClientCnxns does to every new connection: accept and
+    # close. It is not a clear-text port, so not a TLS refusal either.
+    ca, key = tmp_path / "ca.pem", tmp_path / "ca.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(ca),
+                    "-days", "1", "-subj", "/CN=test"], check=True, capture_output=True)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        stop = threading.Event()
+
+        def close_every_connection() -> None:
+            server.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    server.accept()[0].close()
+                except TimeoutError:
+                    continue
+
+        closer = threading.Thread(target=close_every_connection, daemon=True)
+        closer.start()
+        try:
+            assert refusal(f"127.0.0.1:{port}", TlsFiles(ca, ca, key), 2.0) is None
+        finally:
+            stop.set()
+            closer.join(timeout=5)

@@ -81,6 +81,10 @@ def refusal(address: tuple[str, int], error: BaseException, settings: CassandraS
     where = f"Cassandra at {address[0]}:{address[1]}"
     user = settings.username
     if isinstance(error, AuthenticationFailed):
+        if "Unable to perform authentication" in str(error):
+            # PasswordAuthenticator could not read its roles (system_auth replicas down
+            # or slow): the login was not judged, so this is an outage.
+            return None
         if user is None:
             return (f"{where} requires a login (PasswordAuthenticator) and none was given: set "
                     f"{_CREDENTIAL_SETTINGS} (or --cassandra-username and --cassandra-password-file).")

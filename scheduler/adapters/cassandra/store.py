@@ -271,8 +271,9 @@ class CassandraTaskStore:
 
     def _run_all(self, requests: Iterable[tuple[Statement, Sequence[Task]]]) -> list[InsertFailure]:
         """Send `requests` with bounded concurrency; wait for all; collect failures. A write
-        the role is not granted raises `StoreAccessDenied` instead: every write of this
-        role fails alike, so retrying is no remedy (and none of those writes was stored)."""
+        the role is not granted raises `StoreAccessDenied` instead: retrying is no remedy.
+        The writes that did not fail are stored (nodes' permission caches can disagree for
+        a moment after a GRANT or REVOKE), so the caller counts none as stored for certain."""
         failures = self._send_all(requests, self._slots)
         for _, exc in failures:
             raise_if_denied(exc, self._session, "writing tasks")

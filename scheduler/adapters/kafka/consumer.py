@@ -166,6 +166,8 @@ class KafkaConsumer:
                 raise QueueError(f"consuming for group {self.group} failed: {exc.args[0]}") from exc
             self._check_usable()
             deliveries = self._deliveries(messages)
+            if deliveries:
+                self._errors.succeeded()
             if deliveries or time.monotonic() >= deadline:
                 return deliveries
 
@@ -279,6 +281,8 @@ class KafkaConsumer:
             raise QueueError(f"committing positions of group {self.group} failed for {'; '.join(refused)}")
         if failed:
             self._dropped([tp for tp, _error in failed], failed[0][1])
+        else:
+            self._errors.succeeded()
 
     def _dropped(self, offsets: list[KafkaPartition], error: KafkaError) -> None:
         log.info(
@@ -334,7 +338,8 @@ class KafkaConsumer:
     def _check_usable(self) -> None:
         if self._closed:
             raise QueueError(f"the consumer of group {self.group} is closed")
-        if self._errors.denied is not None:
+        if self._errors.refused_still(self.settings.connect_timeout_s,
+                                      lambda timeout_s: self._consumer.list_topics(timeout=timeout_s)):
             self._errors.raise_denied(self.settings, f"consume as group {self.group}")
         if self._errors.fatal is not None:
             raise QueueError(

@@ -16,11 +16,19 @@ complete, a fatal authorization error) is remembered apart, in `denied`: librdka
 retries it like an outage, and the request in progress times out, but no retry can
 succeed. `raise_denied` turns it into `QueueAccessDenied`. librdkafka calls `error_cb`
 only while the client is polled; `serve` does that for a client that is not.
+
+A refusal is not always the brokers' last word: a broker restarting or shedding
+connections can cut a SASL or TLS handshake in a way librdkafka reports as an
+authentication or TLS error, and the next connection succeeds. So a request that goes
+through (`succeeded`) forgets it, and a long-lived client that only waits (a consumer's
+poll) reports it only once it has lasted a while and a metadata request made then is
+not answered either (`refused_still`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -41,6 +49,8 @@ class ClientErrors:
         self.last: KafkaError | None = None
         self.denied: tuple[str, KafkaError] | None = None
         """(what was refused, as `security.refusal` names it; the error)."""
+        self.denied_at: float | None = None
+        """When (monotonic) the first refusal since the last request that went through came."""
         self.serve: Callable[[], object] | None = None
         """Serves the client's queued callbacks without taking messages (`poll(0)` of a
         producer or admin client); None where that is not safe."""
@@ -50,6 +60,8 @@ class ClientErrors:
         if refused is not None:
             if self.denied is None or self.denied[1].str() != error.str():
                 self.log.error("%s refused by Kafka: %s", self.what, error, extra={"action": f"{self.action}.denied"})
+            if self.denied is None:
+                self.denied_at = time.monotonic()
             self.denied = (refused, error)
         if error.fatal():
             self.fatal = error
@@ -78,3 +90,25 @@ class ClientErrors:
         if self.denied is not None:
             refused, error = self.denied
             raise access_denied(settings, refused, error.str(), what)
+
+    def succeeded(self) -> None:
+        """A request of this client went through: any refusal before it was passing."""
+        self.denied = self.denied_at = None
+
+    def refused_still(self, grace_s: float, probe: Callable[[float], object]) -> bool:
+        """Whether the refusal this client saw stands: an authorization refusal always
+        (the broker's answer to a request); a failed authentication or TLS handshake
+        once it is `grace_s` old and `probe(timeout_s)`, a metadata request, fails too.
+        A probe that is answered clears it."""
+        if self.denied is None or self.denied_at is None:
+            return False
+        if self.denied[0] not in ("authentication", "TLS"):
+            return True
+        if time.monotonic() - self.denied_at < grace_s:
+            return False
+        try:
+            probe(grace_s)
+        except KafkaException:
+            return True
+        self.succeeded()
+        return False

@@ -146,6 +146,7 @@ class KafkaHandoffLog:
         errors = {str(error) for error in deliveries.reports if error is not None}
         if errors:
             raise QueueError(f"hand-off records were not stored: {'; '.join(sorted(errors))}")
+        self._errors.succeeded()
 
     def _produce(self, topic: str, value: bytes, shard: int, deliveries: _Deliveries) -> None:
         deadline = time.monotonic() + self._timeout_s
@@ -271,6 +272,7 @@ class KafkaHandoffReader:
                 raise QueueError(f"reading the hand-off topic {self._topic} failed: {exc.args[0]}") from exc
             records = self._records(messages)
             if records:
+                self._errors.succeeded()
                 return records
             if self._pending_error is not None:
                 error, self._pending_error = self._pending_error, None
@@ -315,13 +317,15 @@ class KafkaHandoffReader:
         failed = [f"shard {result.partition}: {result.error}" for result in results if result.error is not None]
         if failed:
             raise QueueError(f"committing hand-off positions failed for {'; '.join(failed)}")
+        self._errors.succeeded()
 
     def close(self) -> None:
         self._assigned.clear()
         self._consumer.close()
 
     def _check_fatal(self) -> None:
-        if self._errors.denied is not None:
+        if self._errors.refused_still(self.settings.connect_timeout_s,
+                                      lambda timeout_s: self._consumer.list_topics(timeout=timeout_s)):
             self._errors.raise_denied(self.settings, f"read {self._topic}")
         if self._errors.fatal is not None:
             raise QueueError(f"the hand-off consumer failed for good ({self._errors.fatal}); make a new one")

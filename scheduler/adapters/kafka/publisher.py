@@ -161,6 +161,8 @@ class KafkaPublisher:
                 f"{remaining} messages are still unacknowledged after {timeout_s} s (last error from Kafka at "
                 f"{self.settings.bootstrap}: {self._errors.last or 'none'}); publish them again once Kafka answers"
             )
+        if topics:  # messages were acknowledged: the brokers took this producer
+            self._errors.succeeded()
 
     def check(self, timeout_s: float | None = None) -> None:
         """Fetch the cluster's metadata: `QueueUnavailable` if no broker answers within

@@ -159,6 +159,8 @@ def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = 
         step = remaining if errors is None else min(remaining, REFUSAL_CHECK_S)
         try:
             metadata: ClusterMetadata = client.list_topics(timeout=max(step, 0.01))
+            if errors is not None:
+                errors.succeeded()
             return metadata
         except KafkaException as exc:
             if errors is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 from typing import Any
 
 from scheduler.settings import TlsFiles
@@ -108,6 +109,10 @@ def _handshake_problem(host: str, port: int, tls: TlsFiles | None, timeout_s: fl
         reason = exc.reason or str(exc)
         if tls is None:
             return _CLEAR_TEXT if shook else None
+        if not shook and "EOF" in reason and not _speaks_clear_text(host, port, timeout_s):
+            # Closed before the handshake, and no answer in clear text either: a server
+            # at its connection limit (maxClientCnxns) or shutting down. No verdict.
+            return None
         if not shook and any(sign in reason for sign in ("EOF", "WRONG_VERSION", "RECORD_LAYER")):
             return (f"does not speak TLS on this port ({reason}): check that the port is its secureClientPort, "
                     f"or leave {SETTINGS} unset for a clear-text clientPort")
@@ -119,6 +124,21 @@ def _handshake_problem(host: str, port: int, tls: TlsFiles | None, timeout_s: fl
     except OSError:
         return _CLEAR_TEXT if tls is None and shook else None  # reset mid-handshake: no verdict
     return _CLEAR_TEXT if tls is None else None
+
+
+def _speaks_clear_text(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the server answers a clear-text ZooKeeper connect request: a plain
+    clientPort closes a TLS hello unanswered, as a server at its connection limit closes
+    any connection, and only this tells the two apart. The session it may open is left
+    to expire (its timeout is the server's minimum)."""
+    password = bytes(16)
+    request = (struct.pack(">iqiqi", 0, 0, 1, 0, len(password)) + password + b"\x00")
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">i", len(request)) + request)
+            return len(sock.recv(4)) == 4
+    except OSError:
+        return False
 
 
 _CLEAR_TEXT = (f"speaks only TLS on this port and the scheduler spoke clear text: set {SETTINGS} to the CA of "

@@ -1,0 +1,88 @@
+"""A refusal a Kafka client saw is forgotten once a request goes through, and a client
+that only waits reports a failed handshake only once it has lasted and a fresh metadata
+request fails too: a broker restarting mid-handshake must not make a worker exit 2."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from scheduler.adapters.kafka.errors import ClientErrors
+from scheduler.errors import ConfigError, QueueAccessDenied
+from scheduler.settings import KafkaSettings
+
+AUTHENTICATION = KafkaError(KafkaError._AUTHENTICATION, "SASL authentication error: Authentication failed")
+TOPIC_REFUSED = KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED, "Topic authorization failed")
+
+
+def errors() -> ClientErrors:
+    return ClientErrors("consumer", "kafka.consumer", logging.getLogger("test"))
+
+
+def answered(_timeout_s: float) -> object:
+    return object()
+
+
+def unanswered(_timeout_s: float) -> object:
+    raise KafkaException(KafkaError(KafkaError._TRANSPORT, "connection refused"))
+
+
+def test_a_request_that_goes_through_forgets_an_earlier_refusal() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    client(KafkaError(KafkaError._TRANSPORT, "broker down"))
+    client.succeeded()
+    assert client.denied is None
+    client.raise_denied(KafkaSettings(), "write to t")  # nothing to raise: an outage stays an outage
+
+
+def test_a_failed_handshake_is_reported_only_once_it_lasts_and_a_probe_fails() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    probes: list[float] = []
+
+    def probe(timeout_s: float) -> object:
+        probes.append(timeout_s)
+        return unanswered(timeout_s)
+
+    assert not client.refused_still(60.0, probe)  # too fresh: not even probed
+    assert probes == []
+    assert client.refused_still(0.0, probe)
+    assert probes == [0.0]
+    with pytest.raises(QueueAccessDenied, match="SASL authentication"):
+        client.raise_denied(KafkaSettings(username="scheduler", password_file=Path("/nonexistent")), "consume as group g")
+
+
+def test_an_answered_probe_clears_a_passing_refusal() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    assert not client.refused_still(0.0, answered)
+    assert client.denied is None
+    assert not client.refused_still(0.0, unanswered)  # nothing left to report
+
+
+def test_the_time_counts_from_the_first_refusal_since_the_last_success() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    first = client.denied_at
+    time.sleep(0.01)
+    client(AUTHENTICATION)
+    assert client.denied_at == first
+    client.succeeded()
+    client(AUTHENTICATION)
+    assert client.denied_at is not None and first is not None and client.denied_at > first
+
+
+def test_an_authorization_refusal_is_the_brokers_answer_and_stands_at_once() -> None:
+    client = errors()
+    client(TOPIC_REFUSED)
+    assert client.refused_still(60.0, answered)
+
+
+def test_sasl_plain_without_tls_is_refused_before_any_connection(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="PLAIN would send the password in clear"):
+        KafkaSettings(username="scheduler", password_file=tmp_path / "p", sasl_mechanism="PLAIN")
