@@ -1,8 +1,8 @@
 """The fire loop between its ticks, on the embedded backend's real adapters in this
 process, on a manual clock (tests/dispatcher_rig.py): the loop sleeps as `_wait_ms` says,
 applies its inbox and makes a pass, as `Dispatcher._fire_loop` does, but without
-sleeping. A task is published at its own time, up to `fire_gap_ms` late, not up to a
-tick; never before it; the ticks keep their pace however many passes come between
+sleeping. A task is published at its own time, up to the gap between passes late
+(`fire_gap_ms`, longer only while flushes take long), not up to a tick; never before it; the ticks keep their pace however many passes come between
 them; and a held task of a shard whose lease ended is not published.
 """
 
@@ -53,6 +53,9 @@ class Loop:
         self.ticks: list[int] = []
         self.passes: list[int] = []
         """When each pass between ticks was made."""
+        self.gaps: list[int] = []
+        """The gap between passes in force at each turn: `fire_gap_ms`, or longer when the
+        last flush took long in real time (a busy machine), as the design allows."""
         rig.dispatcher.start_ticking(rig.clock.now_ms)
 
     def run_until(self, until_ms: int) -> None:
@@ -61,6 +64,7 @@ class Loop:
         while clock.now_ms < until_ms:
             turns += 1
             assert turns < 10 * (until_ms - T0 + 1_000), "the loop does not move on"
+            self.gaps.append(dispatcher._gap_ms())
             clock.now_ms += dispatcher._wait_ms(clock.now_ms)
             self.rig.drain()
             (self.ticks if clock.now_ms >= dispatcher._next_tick_ms else self.passes).append(clock.now_ms)
@@ -76,7 +80,10 @@ def test_each_task_is_published_at_its_own_time_within_the_gap_never_before(rig:
     lateness = sorted(acked[task.id] - task.run_at_ms for task in tasks)
     assert len(lateness) == len(tasks)  # every one published
     assert lateness[0] >= 0, "published before its time"
-    assert lateness[-1] <= GAP_MS, lateness[-10:]  # not up to a tick late
+    # Not up to a tick late: at most the gap between passes, which is GAP_MS unless a
+    # flush took long on a busy machine (then three times that flush, by design).
+    assert min(loop.gaps) == GAP_MS
+    assert lateness[-1] <= max(loop.gaps), (lateness[-10:], max(loop.gaps))
     assert sorted(at for at, _ in rig.publisher.sent) == [at for at, _ in rig.publisher.sent]
 
 
