@@ -519,7 +519,8 @@ class Client:
         try:
             self.handoff.submitted(due_soon)
         except Exception as exc:
-            log.warning("hand-off of %d tasks failed", len(due_soon), exc_info=True,
+            # A refusal is a setting, said in full by the error: no traceback for it.
+            log.warning("hand-off of %d tasks failed", len(due_soon), exc_info=not isinstance(exc, QueueAccessDenied),
                         extra={"action": "handoff_failed"})
             if isinstance(exc, QueueAccessDenied):
                 # Submitting again would be refused again: the task stands, the setting is to fix.

@@ -169,3 +169,30 @@ def test_the_cli_exits_2_with_the_refusal_and_no_traceback(secure_cluster: Secur
 def run_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "scheduler", *args], env=env, capture_output=True, text=True,
                           timeout=120)
+
+
+def test_a_submit_whose_hand_off_is_refused_keeps_the_task_and_says_what_to_fix(
+        secure_cluster: SecureCluster) -> None:
+    # `reader` may write to no topic, so Kafka gives its idempotent producer no id: the
+    # task due soon is stored, its hand-off refused, and the message says both.
+    env = secure_cluster.process_env(SCHEDULER_BACKEND="cassandra", SCHEDULER_KEYSPACE=unique_name("k"),
+                                     SCHEDULER_TOPIC_PREFIX=unique_name("k"))
+    try:
+        applied = run_cli(env, "schema", "apply")
+        assert applied.returncode == 0, applied.stderr
+        ensure_topics(KafkaSettings.from_env(env), shard_count=64)
+        reader = {**env, "SCHEDULER_KAFKA_USERNAME": "reader",
+                  "SCHEDULER_KAFKA_PASSWORD_FILE": str(secure_cluster.password_file("kafka-reader"))}
+        submitted = run_cli(reader, "submit", "sms", "--tenant", "t", "--delay", "1s")
+        assert submitted.returncode == 1, submitted.stderr
+        assert "Traceback" not in submitted.stderr
+        error = submitted.stderr.strip().splitlines()[-1]
+        assert "is stored, but the queue refused its hand-off" in error
+        assert f"refused to let user 'reader' write to {env['SCHEDULER_TOPIC_PREFIX']}.handoff" in error
+        assert "submit it again" not in error
+        task_id = error.split()[2]  # "error: task <id> is stored, ..."
+        got = run_cli(env, "get", task_id, "--tenant", "t", "--json")
+        assert got.returncode == 0 and '"status": "scheduled"' in got.stdout, got.stdout + got.stderr
+    finally:
+        assert not remove_deployment(CassandraSettings.from_env(env), KafkaSettings.from_env(env),
+                                     ZooKeeperSettings.from_env(env))

@@ -124,6 +124,9 @@ class KafkaHandoffLog:
                     self._produce(topic, value, shard, deliveries)
         except (KafkaException, SystemError) as exc:
             if not self._errors.note_raised(exc):
+                # `produce` says only "fatal error"; the refusal behind it (no producer id
+                # for a user that may write to no topic) reaches `error_cb` when served.
+                self._errors.raise_denied(self.settings, f"write to {topic}")
                 raise QueueError(f"Kafka refused a hand-off record: {exc.args[0] if exc.args else exc}") from exc
         what = f"write to {topic}"
         deadline = time.monotonic() + self._timeout_s
@@ -182,7 +185,10 @@ class KafkaHandoffLog:
         """Release the client. Records not yet acknowledged belong to an `append` that
         failed; they are dropped."""
         self._producer.purge()
-        self._producer.flush(0)
+        try:
+            self._producer.flush(0)
+        except (KafkaException, SystemError):
+            pass  # a fatal error (a refused producer id, say): nothing is left to send anyway
         self._producer.close()
 
 

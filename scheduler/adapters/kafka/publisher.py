@@ -184,7 +184,10 @@ class KafkaPublisher:
         """Release the client. Messages not yet acknowledged are dropped: only a flush
         that returned proves a message stored."""
         self._producer.purge()
-        self._producer.flush(0)
+        try:
+            self._producer.flush(0)
+        except (KafkaException, SystemError):
+            pass  # a fatal error (a refused producer id, say): nothing is left to send anyway
         self._producer.close()
 
     def _serve(self, timeout_s: float) -> None:
