@@ -691,7 +691,39 @@ class Kafka(Server):
             raise NotReady(f"metadata request failed: {exc}") from exc
         if not metadata.brokers:
             raise NotReady("the metadata lists no broker yet")
+        self._check_leading(admin_module, admin, metadata, timeout_s)
 
+    def _check_leading(self, admin_module: Any, admin: Any, metadata: Any, timeout_s: float) -> None:
+        """NotReady until this broker answers for the partitions it leads. Restarted after
+        a kill, it answers metadata from its previous registration while it still loads
+        its logs (RECOVERY, fenced): a topic made then gets partitions that it lists as
+        led and that answer NOT_LEADER_FOR_PARTITION until it is running. One partition
+        of each of up to `LEADERSHIP_SAMPLE` topics is asked for its end offset; they
+        all come online together, when the broker starts serving."""
+        kafka = import_client("confluent_kafka", "confluent-kafka")
+        led = []
+        for name, topic in sorted(metadata.topics.items()):
+            if topic.error is not None:
+                continue
+            mine = [number for number, partition in sorted(topic.partitions.items())
+                    if partition.leader == metadata.orig_broker_id]
+            if mine:
+                led.append(kafka.TopicPartition(name, mine[0]))
+            if len(led) >= LEADERSHIP_SAMPLE:
+                break
+        if not led:
+            return
+        try:
+            futures = admin.list_offsets({tp: admin_module.OffsetSpec.latest() for tp in led},
+                                         request_timeout=timeout_s)
+            for future in futures.values():
+                future.result(timeout=timeout_s)
+        except Exception as exc:  # KafkaException (NOT_LEADER_FOR_PARTITION...), its timeout
+            raise NotReady(f"the broker does not serve its partitions yet: {exc}") from exc
+
+
+LEADERSHIP_SAMPLE = 20
+"""Topics whose partitions a Kafka probe asks for an end offset (see `Kafka._check_leading`)."""
 
 KAFKA_ADMIN, KAFKA_SCHEDULER, KAFKA_READER = "admin", "scheduler", "reader"
 KAFKA_USERS = (KAFKA_ADMIN, KAFKA_SCHEDULER, KAFKA_READER)

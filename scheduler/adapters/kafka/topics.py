@@ -124,9 +124,28 @@ def delete_topics(settings: KafkaSettings) -> None:
         for name, future in futures.items():
             _wait(future, settings, f"delete topic {name}", tolerate=KafkaError.UNKNOWN_TOPIC_OR_PART, errors=errors)
     group = settings.dispatcher_group
-    futures = admin.delete_consumer_groups([group], request_timeout=settings.connect_timeout_s)
-    _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND,
-          errors=errors)
+    # The group's coordinator may be moving or loading (or, on a new cluster, the
+    # offsets topic still being made): asked again while the broker says so.
+    deadline = time.monotonic() + settings.connect_timeout_s
+    while True:
+        futures = admin.delete_consumer_groups([group], request_timeout=settings.connect_timeout_s)
+        try:
+            _wait(futures[group], settings, f"delete consumer group {group}", tolerate=KafkaError.GROUP_ID_NOT_FOUND,
+                  errors=errors)
+            return
+        except QueueError as exc:
+            cause = exc.__cause__.args[0] if isinstance(exc.__cause__, KafkaException) and exc.__cause__.args else None
+            moving = isinstance(cause, KafkaError) and cause.code() in COORDINATOR_MOVING
+            if not moving or time.monotonic() >= deadline:
+                raise
+        time.sleep(COORDINATOR_RETRY_S)
+
+
+COORDINATOR_MOVING = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
+"""Answers about a consumer group's coordinator that a moment's wait resolves."""
+
+COORDINATOR_RETRY_S = 0.2
 
 
 def admin_client(settings: KafkaSettings) -> tuple[AdminClient, ClientErrors]:
