@@ -29,7 +29,7 @@ test: install cluster-start
 	$(BIN)/ruff check
 	$(BIN)/python -m mypy
 	$(MKDOCS)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25  # the slowest, to keep the run within its budget
 
 unit: install
 	$(BIN)/ruff check

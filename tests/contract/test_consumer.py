@@ -179,7 +179,9 @@ class KafkaBackend(Backend):
         super().__init__()
         self.settings = KafkaSettings(bootstrap=bootstrap, topic_prefix=unique_name("t"))
         self.admin = AdminClient(client_config(self.settings))
-        self.producer = Producer({**client_config(self.settings), "linger.ms": 0})
+        # Idempotent, as the scheduler's producers are: a send retried (a partition of a
+        # topic just made, not led yet) keeps its place instead of landing after the next.
+        self.producer = Producer({**client_config(self.settings), "linger.ms": 0, "enable.idempotence": True})
         self.topics: list[str] = []
         self.groups: set[str] = set()
 

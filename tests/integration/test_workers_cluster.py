@@ -301,7 +301,7 @@ def test_undecodable_and_unknown_type_messages_are_dead_lettered_the_worker_goes
     # Garbage, then a good task behind it on the same partition: the worker must pass it.
     follower = deployment.client.task("sms", {"after": "garbage"})
     assert deployment.store.insert([follower]) == []
-    producer = Producer(client_config(deployment.kafka))
+    producer = Producer({**client_config(deployment.kafka), "enable.idempotence": True})  # keeps the order
     normal = deployment.kafka.ready_topic("normal")
     producer.produce(normal, b"\xc1 this is not a message", partition=0)
     producer.produce(normal, encode_message(follower, 1), partition=0)
