@@ -167,7 +167,10 @@ def test_a_tiny_failover_loses_nothing_and_the_survivor_takes_every_shard(
     assert 0 < len(event["shards"]) < 64 and event["reown_s"] is not None
     takeover = document["takeover"]
     assert takeover["shards_published_by_new_owner"] == len(event["shards"])
-    assert takeover["stale_token_messages"] == 0 and takeover["old_owner_messages_after_event"] == 0
+    # A batch the victim sent just before SIGKILL may be stored just after it (broker time), so
+    # old_owner_messages_after_event is not 0 by construction; nothing under its token after its lease
+    # expired, and nothing under it after the new owner began, is.
+    assert takeover["stale_token_messages"] == 0 and takeover["after_new_owner_first"] == 0
     assert delivery["fences"] > 64  # the taken-over shards were fired under new tokens
 
     codes = {d["name"]: d["exit_code"] for d in document["dispatchers"]}
