@@ -86,3 +86,28 @@ def test_an_authorization_refusal_is_the_brokers_answer_and_stands_at_once() -> 
 def test_sasl_plain_without_tls_is_refused_before_any_connection(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="PLAIN would send the password in clear"):
         KafkaSettings(username="scheduler", password_file=tmp_path / "p", sasl_mechanism="PLAIN")
+
+
+def test_a_refusal_a_probe_confirmed_stands_without_another_probe_for_the_grace_period() -> None:
+    """The dispatcher's hand-off reader checks on every tick: a standing refusal must not
+    cost it a metadata request each time."""
+    client = errors()
+    client(AUTHENTICATION)
+    probes: list[float] = []
+
+    def probe(timeout_s: float) -> object:
+        probes.append(timeout_s)
+        return unanswered(timeout_s)
+
+    assert client.refused_still(0.0, probe, probe_timeout_s=1.0)
+    assert probes == [1.0]  # the short probe asked for, not the grace period
+    assert client.confirmed_at is not None
+    client.denied_at = time.monotonic() - 120.0  # the refusal has lasted; the confirmation is fresh
+    assert all(client.refused_still(60.0, probe, probe_timeout_s=1.0) for _ in range(100))
+    assert probes == [1.0]  # confirmed a moment ago: no probe on these ticks
+    client.confirmed_at = time.monotonic() - 61.0  # the confirmation has aged past the grace period
+    assert client.refused_still(60.0, probe, probe_timeout_s=1.0)
+    assert probes == [1.0, 1.0]
+    client.confirmed_at = time.monotonic() - 61.0
+    assert not client.refused_still(60.0, answered)  # answered: the refusal is gone, and its confirmation
+    assert client.denied is None and client.confirmed_at is None

@@ -22,7 +22,9 @@ connections can cut a SASL or TLS handshake in a way librdkafka reports as an
 authentication or TLS error, and the next connection succeeds. So a request that goes
 through (`succeeded`) forgets it, and a long-lived client that only waits (a consumer's
 poll) reports it only once it has lasted a while and a metadata request made then is
-not answered either (`refused_still`).
+not answered either (`refused_still`). A refusal that probe confirmed stands, without
+another probe, for the same while: a client checked on every tick of a loop (the
+dispatcher's hand-off reader) must not wait out a metadata request on each one.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class ClientErrors:
         """(what was refused, as `security.refusal` names it; the error)."""
         self.denied_at: float | None = None
         """When (monotonic) the first refusal since the last request that went through came."""
+        self.confirmed_at: float | None = None
+        """When (monotonic) a failed probe last confirmed the refusal (`refused_still`)."""
         self.serve: Callable[[], object] | None = None
         """Serves the client's queued callbacks without taking messages (`poll(0)` of a
         producer or admin client); None where that is not safe."""
@@ -93,22 +97,28 @@ class ClientErrors:
 
     def succeeded(self) -> None:
         """A request of this client went through: any refusal before it was passing."""
-        self.denied = self.denied_at = None
+        self.denied = self.denied_at = self.confirmed_at = None
 
-    def refused_still(self, grace_s: float, probe: Callable[[float], object]) -> bool:
+    def refused_still(self, grace_s: float, probe: Callable[[float], object],
+                      probe_timeout_s: float | None = None) -> bool:
         """Whether the refusal this client saw stands: an authorization refusal always
         (the broker's answer to a request); a failed authentication or TLS handshake
-        once it is `grace_s` old and `probe(timeout_s)`, a metadata request, fails too.
-        A probe that is answered clears it."""
+        once it is `grace_s` old and `probe(timeout_s)`, a metadata request of
+        `probe_timeout_s` (default `grace_s`), fails too. A probe that is answered clears
+        it; one that fails confirms it for `grace_s`, with no probe until then."""
         if self.denied is None or self.denied_at is None:
             return False
         if self.denied[0] not in ("authentication", "TLS"):
             return True
-        if time.monotonic() - self.denied_at < grace_s:
+        now = time.monotonic()
+        if now - self.denied_at < grace_s:
             return False
+        if self.confirmed_at is not None and now - self.confirmed_at < grace_s:
+            return True
         try:
-            probe(grace_s)
+            probe(grace_s if probe_timeout_s is None else probe_timeout_s)
         except KafkaException:
+            self.confirmed_at = time.monotonic()
             return True
         self.succeeded()
         return False

@@ -63,6 +63,11 @@ POLL_INTERVAL_S = 0.01
 """How long `append` waits for delivery reports at a time: another thread's `append`
 may serve this one's reports, so the wait is short and re-checked."""
 
+PROBE_TIMEOUT_S = 1.0
+"""How long the reader's metadata probe of a standing refusal waits (`ClientErrors.
+refused_still`): it runs on the fire loop. A probe that a slow broker leaves unanswered
+only reports the refusal for one more connect timeout; nothing is read or skipped."""
+
 
 class _Deliveries:
     """The delivery reports of one `append` (served by whichever thread polls)."""
@@ -330,8 +335,11 @@ class KafkaHandoffReader:
         self._consumer.close()
 
     def _check_fatal(self) -> None:
+        # Checked on every tick of the fire loop: the probe is short, and made at most
+        # once a connect timeout while the refusal stands.
         if self._errors.refused_still(self.settings.connect_timeout_s,
-                                      lambda timeout_s: self._consumer.list_topics(timeout=timeout_s)):
+                                      lambda timeout_s: self._consumer.list_topics(timeout=timeout_s),
+                                      probe_timeout_s=min(PROBE_TIMEOUT_S, self.settings.connect_timeout_s)):
             self._errors.raise_denied(self.settings, f"read {self._topic}")
         if self._errors.fatal is not None:
             raise QueueError(f"the hand-off consumer failed for good ({self._errors.fatal}); make a new one")
