@@ -7,6 +7,11 @@ default, and checks only the chain: it is turned on here, so a certificate of an
 host is refused as well), and the client shows its own certificate and key, which a server
 with `ssl.clientAuth=need` requires.
 
+Whom it trusts: the CA given, and nothing else. kazoo 2.11 loads the machine's system CAs
+before the given one, so a certificate a public CA issued for the dialled name would be
+accepted too; `PinnedTrustHandler`, the handler every client here is made with, makes
+its TLS connections with a context that holds the given CA alone.
+
 How it fails: kazoo does not report a failed handshake. A server that refuses the
 client's certificate (or its lack of one), a server certificate the CA does not vouch
 for, or clear text spoken to a TLS-only port all look alike to it: a connection that
@@ -23,6 +28,8 @@ import ssl
 import struct
 from typing import Any
 
+from kazoo.handlers.threading import SequentialThreadingHandler
+
 from scheduler.settings import TlsFiles
 
 SETTINGS = "SCHEDULER_ZOOKEEPER_TLS_CA, _TLS_CERT and _TLS_KEY (--zookeeper-tls-ca, --zookeeper-tls-cert, --zookeeper-tls-key)"
@@ -35,13 +42,53 @@ the client's certificate: under TLS 1.3 a server sends it after the handshake (t
 
 
 def tls_options(tls: TlsFiles | None) -> dict[str, Any]:
-    """`KazooClient` keyword arguments: TLS with these files, or nothing (clear text)."""
+    """`KazooClient` keyword arguments: TLS with these files, trusting their CA alone, or
+    nothing (clear text)."""
     if tls is None:
         return {}
-    options: dict[str, Any] = {"use_ssl": True, "ca": str(tls.ca), "verify_certs": True, "check_hostname": True}
+    options: dict[str, Any] = {"use_ssl": True, "ca": str(tls.ca), "verify_certs": True, "check_hostname": True,
+                               "handler": PinnedTrustHandler()}
     if tls.cert is not None and tls.key is not None:
         options |= {"certfile": str(tls.cert), "keyfile": str(tls.key)}
     return options
+
+
+class PinnedTrustHandler(SequentialThreadingHandler):  # type: ignore[misc]  # kazoo is untyped
+    """kazoo's threading handler, whose TLS connections trust only the CA they are given
+    (see the module docstring); clear-text connections are kazoo's own. One per client."""
+
+    def create_connection(self, address: tuple[str, int], hostname: str | None = None,
+                          timeout: float | None = None, use_ssl: bool = False, ca: str | None = None,
+                          certfile: str | None = None, keyfile: str | None = None,
+                          keyfile_password: str | None = None, verify_certs: bool = True,
+                          check_hostname: bool = False, options: ssl.Options | None = None,
+                          ciphers: str | None = None) -> socket.socket:
+        if not use_ssl:
+            plain: socket.socket = super().create_connection(address, hostname=hostname, timeout=timeout)
+            return plain
+        if not ca or not verify_certs:
+            raise ValueError("TLS to ZooKeeper needs a CA to check the server's certificate against")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # TLS 1.2 at least, no system CAs
+        if options is not None:
+            context.options = options
+        if ciphers:
+            context.set_ciphers(ciphers)
+        context.check_hostname = check_hostname
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(ca)
+        if certfile and keyfile:
+            context.load_cert_chain(certfile=certfile, keyfile=keyfile, password=keyfile_password)
+        family = socket.getaddrinfo(address[0], address[1], 0, socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as kazoo sets its own
+            sock = context.wrap_socket(sock, server_hostname=hostname)  # takes over the descriptor
+            sock.settimeout(timeout)
+            sock.connect(address)  # the handshake, checked against `ca` alone
+        except BaseException:
+            sock.close()  # kazoo leaves a refused one to the garbage collector
+            raise
+        return sock
 
 
 def servers(hosts: str) -> list[tuple[str, int]]:
