@@ -3,7 +3,7 @@ half-writes nothing.
 
 SASL_SSL with SCRAM-SHA-512 and a client certificate required; ACLs with nothing
 allowed unless granted: `scheduler` may do what the scheduler does, `reader` may read
-and not write. Each test uses a topic prefix of its own, removed afterwards as the
+and not write, a user made by a test may do nothing. Each test uses a topic prefix of its own, removed afterwards as the
 scheduler.
 """
 
@@ -17,13 +17,21 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialAlteration,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
 
 from scheduler.adapters.kafka.consumer import KafkaConsumer
 from scheduler.adapters.kafka.publisher import KafkaPublisher
 from scheduler.adapters.kafka.security import client_config
 from scheduler.adapters.kafka.topics import delete_topics, ensure_topics
 from scheduler.adapters.teardown import remove_deployment
-from scheduler.errors import QueueAccessDenied
+from scheduler.errors import QueueAccessDenied, QueueError
 from scheduler.settings import READY_TOPICS, CassandraSettings, KafkaSettings, TlsFiles, ZooKeeperSettings
 from tests.cluster import unique_name
 from tests.secure_cluster import SecureCluster
@@ -145,6 +153,57 @@ def test_reader_may_read_and_not_write_and_the_scheduler_both(kafka: KafkaSettin
 
     assert sorted(read_all(kafka, topic, len(values))) == sorted(values)  # the scheduler's round trip
     assert sorted(read_all(reader, topic, len(values))) == sorted(values)
+
+
+@pytest.fixture
+def stranger(kafka: KafkaSettings, secure_cluster: SecureCluster, tmp_path: Path) -> Iterator[KafkaSettings]:
+    """The scheduler's settings as a user made now, as production makes users (the admin
+    API), with no ACL at all; removed afterwards."""
+    name = unique_name("stranger")
+    password = tmp_path / "stranger.password"
+    password.write_text("a-stranger's-password\n")
+    password.chmod(0o600)
+    admin = AdminClient(client_config(as_user(kafka, secure_cluster, "admin")))
+    credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+
+    def change(alteration: UserScramCredentialAlteration) -> None:
+        for future in admin.alter_user_scram_credentials([alteration]).values():
+            future.result(timeout=30)
+
+    change(UserScramCredentialUpsertion(name, credential, b"a-stranger's-password"))
+    try:
+        yield dataclasses.replace(kafka, username=name, password_file=password)
+    finally:
+        change(UserScramCredentialDeletion(name, ScramMechanism.SCRAM_SHA_512))
+
+
+def test_topics_a_user_may_not_describe_are_named_with_both_causes(kafka: KafkaSettings,
+                                                                    stranger: KafkaSettings) -> None:
+    # Kafka leaves a topic the user may not DESCRIBE out of the metadata, as if missing.
+    ensure_topics(kafka, shard_count=SHARDS)
+    stranger_username = stranger.username
+    assert stranger_username is not None
+
+    def refused_check() -> str | None:
+        """The check's error once the user can log in (a user just made may not be known
+        to the broker for a moment: a refused authentication is tried again)."""
+        publisher = KafkaPublisher(stranger)
+        try:
+            publisher.check()
+        except QueueAccessDenied as exc:
+            assert "SASL authentication" in str(exc)
+            return None
+        except QueueError as exc:
+            return str(exc)
+        finally:
+            publisher.close()
+        raise AssertionError("a user with no ACL saw the scheduler's topics")
+
+    message = wait_until(refused_check, timeout_s=60, interval_s=0.5, what="the new user's first login")
+    assert message is not None
+    assert f"has no topic {kafka.ready_topic(READY_TOPICS[0])}" in message
+    assert f"if they exist, User:{stranger_username} may not DESCRIBE them" in message
+    assert "kafka-acls --list" in message
 
 
 def test_the_cli_exits_2_with_the_refusal_and_no_traceback(secure_cluster: SecureCluster, tmp_path: Path) -> None:

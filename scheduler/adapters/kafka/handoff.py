@@ -50,7 +50,7 @@ from confluent_kafka import (
 )
 
 from scheduler.adapters.kafka.errors import ClientErrors
-from scheduler.adapters.kafka.security import access_denied, client_config, refusal
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal, topics_missing
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.model import check_shard_count
@@ -176,10 +176,7 @@ class KafkaHandoffLog:
         metadata = list_topics(self._producer, self.settings, timeout_s, errors=self._errors)
         topic = metadata.topics.get(self.settings.handoff_topic)
         if topic is None or topic.error is not None:
-            raise QueueError(
-                f"Kafka at {self.settings.bootstrap} has no topic {self.settings.handoff_topic}: create the "
-                "scheduler's topics first (scheduler.adapters.kafka.topics.ensure_topics)"
-            )
+            raise topics_missing(self.settings, [self.settings.handoff_topic])
         if len(topic.partitions) != self.shard_count:
             raise QueueError(
                 f"the hand-off topic {self.settings.handoff_topic} has {len(topic.partitions)} partitions, "
@@ -256,10 +253,7 @@ class KafkaHandoffReader:
         metadata = list_topics(self._consumer, self.settings, timeout_s, errors=self._errors)
         topic = metadata.topics.get(self._topic)
         if topic is None or topic.error is not None:
-            raise QueueError(
-                f"Kafka at {self.settings.bootstrap} has no topic {self._topic}: create the scheduler's topics "
-                "first (scheduler.adapters.kafka.topics.ensure_topics)"
-            )
+            raise topics_missing(self.settings, [self._topic])
 
     def poll(self, max_records: int, timeout_s: float) -> list[HandoffRecord]:
         if max_records < 1:

@@ -45,7 +45,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from scheduler.adapters.kafka.errors import ClientErrors
-from scheduler.adapters.kafka.security import access_denied, client_config, refusal
+from scheduler.adapters.kafka.security import access_denied, client_config, refusal, topics_missing
 from scheduler.adapters.kafka.topics import list_topics
 from scheduler.errors import ConfigError, QueueError
 from scheduler.settings import READY_TOPICS, KafkaSettings
@@ -175,10 +175,7 @@ class KafkaPublisher:
             if name not in metadata.topics or metadata.topics[name].error is not None
         ]
         if missing:
-            raise QueueError(
-                f"Kafka at {self.settings.bootstrap} has no topic {', '.join(missing)}: create the scheduler's "
-                "topics first (scheduler.adapters.kafka.topics.ensure_topics)"
-            )
+            raise topics_missing(self.settings, missing)
 
     def close(self) -> None:
         """Release the client. Messages not yet acknowledged are dropped: only a flush

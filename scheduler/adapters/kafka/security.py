@@ -26,7 +26,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError
 
-from scheduler.errors import QueueAccessDenied
+from scheduler.errors import QueueAccessDenied, QueueError
 from scheduler.settings import KafkaSettings, read_secret
 
 SECRET_KEYS = frozenset({"sasl.password", "ssl.key.password", "ssl.key.pem", "sasl.oauthbearer.client.secret"})
@@ -123,3 +123,15 @@ def access_denied(settings: KafkaSettings, refused: str, detail: object, what: s
     return QueueAccessDenied(
         f"Kafka at {settings.bootstrap} refused {refused_what} ({detail}); check {check}"
     )
+
+
+def topics_missing(settings: KafkaSettings, names: list[str]) -> QueueError:
+    """The `QueueError` of topics the brokers' metadata does not list. Where ACLs may be in
+    force (a SASL user), a topic the user may not DESCRIBE is left out of the metadata
+    just as a missing one is, and Kafka says no more: the message names both causes."""
+    error = (f"Kafka at {settings.bootstrap} has no topic {', '.join(names)}: create the scheduler's topics first "
+             "(scheduler.adapters.kafka.topics.ensure_topics)")
+    if settings.username is not None:
+        error += (f"; if they exist, User:{settings.username} may not DESCRIBE them: check its ACLs on the brokers "
+                  "(kafka-acls --list)")
+    return QueueError(error)
