@@ -88,26 +88,55 @@ def test_sasl_plain_without_tls_is_refused_before_any_connection(tmp_path: Path)
         KafkaSettings(username="scheduler", password_file=tmp_path / "p", sasl_mechanism="PLAIN")
 
 
-def test_a_refusal_a_probe_confirmed_stands_without_another_probe_for_the_grace_period() -> None:
+def test_a_probe_is_made_at_most_once_a_grace_period_and_a_refused_one_makes_the_refusal_stand() -> None:
     """The dispatcher's hand-off reader checks on every tick: a standing refusal must not
     cost it a metadata request each time."""
     client = errors()
     client(AUTHENTICATION)
     probes: list[float] = []
 
-    def probe(timeout_s: float) -> object:
+    def refused_probe(timeout_s: float) -> object:
         probes.append(timeout_s)
-        return unanswered(timeout_s)
+        raise KafkaException(AUTHENTICATION)
 
-    assert client.refused_still(0.0, probe, probe_timeout_s=1.0)
+    assert client.refused_still(0.0, refused_probe, probe_timeout_s=1.0)
     assert probes == [1.0]  # the short probe asked for, not the grace period
-    assert client.confirmed_at is not None
-    client.denied_at = time.monotonic() - 120.0  # the refusal has lasted; the confirmation is fresh
-    assert all(client.refused_still(60.0, probe, probe_timeout_s=1.0) for _ in range(100))
-    assert probes == [1.0]  # confirmed a moment ago: no probe on these ticks
-    client.confirmed_at = time.monotonic() - 61.0  # the confirmation has aged past the grace period
-    assert client.refused_still(60.0, probe, probe_timeout_s=1.0)
+    client.denied_at = time.monotonic() - 120.0  # the refusal has lasted; the probe was a moment ago
+    assert all(client.refused_still(60.0, refused_probe, probe_timeout_s=1.0) for _ in range(100))
+    assert probes == [1.0]  # no probe on these ticks, and the refusal stands
+    client.probed_at = time.monotonic() - 61.0  # the probe has aged past the grace period
+    assert client.refused_still(60.0, refused_probe, probe_timeout_s=1.0)
     assert probes == [1.0, 1.0]
-    client.confirmed_at = time.monotonic() - 61.0
-    assert not client.refused_still(60.0, answered)  # answered: the refusal is gone, and its confirmation
-    assert client.denied is None and client.confirmed_at is None
+    client.probed_at = time.monotonic() - 61.0
+    assert not client.refused_still(60.0, answered)  # answered: the refusal is gone
+    assert client.denied is None and client.probed_at is None and not client.probe_refused
+
+
+def test_a_probe_that_times_out_reports_once_and_lets_the_clients_requests_go_ahead() -> None:
+    """No answer is no verdict: a slow broker must not stop the hand-off reader reading
+    for a whole grace period on the strength of a refusal it may be past."""
+    client = errors()
+    client(AUTHENTICATION)
+    probes: list[float] = []
+
+    def timed_out(timeout_s: float) -> object:
+        probes.append(timeout_s)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
+
+    client.denied_at = time.monotonic() - 120.0
+    assert client.refused_still(60.0, timed_out, probe_timeout_s=1.0)  # the tick of the probe reports it
+    assert not any(client.refused_still(60.0, timed_out, probe_timeout_s=1.0) for _ in range(100))
+    assert probes == [1.0]  # and the next ticks neither probe nor stop
+    assert client.denied is not None  # not forgotten: the next probe, a grace period on, asks again
+    client.probed_at = time.monotonic() - 61.0
+    assert client.refused_still(60.0, timed_out, probe_timeout_s=1.0) and probes == [1.0, 1.0]
+
+
+def test_an_authorization_refusal_is_forgotten_after_the_grace_period_so_a_new_grant_is_seen() -> None:
+    client = errors()
+    client(TOPIC_REFUSED)
+    client.denied_at = time.monotonic() - 61.0
+    assert not client.refused_still(60.0, unanswered)  # no probe: the next request asks the broker itself
+    assert client.denied is None
+    client(TOPIC_REFUSED)  # still refused: reported again, and stands for another grace period
+    assert client.refused_still(60.0, unanswered)

@@ -22,9 +22,13 @@ connections can cut a SASL or TLS handshake in a way librdkafka reports as an
 authentication or TLS error, and the next connection succeeds. So a request that goes
 through (`succeeded`) forgets it, and a long-lived client that only waits (a consumer's
 poll) reports it only once it has lasted a while and a metadata request made then is
-not answered either (`refused_still`). A refusal that probe confirmed stands, without
-another probe, for the same while: a client checked on every tick of a loop (the
-dispatcher's hand-off reader) must not wait out a metadata request on each one.
+not answered either (`refused_still`). A client checked on every tick of a loop (the
+dispatcher's hand-off reader) must not wait out a metadata request on each one, so the
+probe is made at most once in that while: until the next, the refusal stands if the
+probe was refused too, and otherwise (it timed out: no verdict) the client's own requests
+go ahead, and report it again if it is still there. An authorization refusal, the
+broker's answer to a request, stands at once, for the same while: ACLs can be granted
+to a running process, and its next request asks again.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class ClientErrors:
         """(what was refused, as `security.refusal` names it; the error)."""
         self.denied_at: float | None = None
         """When (monotonic) the first refusal since the last request that went through came."""
-        self.confirmed_at: float | None = None
-        """When (monotonic) a failed probe last confirmed the refusal (`refused_still`)."""
+        self.probed_at: float | None = None
+        """When (monotonic) the last probe of the refusal failed (`refused_still`)."""
+        self.probe_refused = False
+        """Whether that probe was refused too, rather than left unanswered."""
         self.serve: Callable[[], object] | None = None
         """Serves the client's queued callbacks without taking messages (`poll(0)` of a
         producer or admin client); None where that is not safe."""
@@ -97,28 +103,34 @@ class ClientErrors:
 
     def succeeded(self) -> None:
         """A request of this client went through: any refusal before it was passing."""
-        self.denied = self.denied_at = self.confirmed_at = None
+        self.denied = self.denied_at = self.probed_at = None
+        self.probe_refused = False
 
     def refused_still(self, grace_s: float, probe: Callable[[float], object],
                       probe_timeout_s: float | None = None) -> bool:
-        """Whether the refusal this client saw stands: an authorization refusal always
-        (the broker's answer to a request); a failed authentication or TLS handshake
-        once it is `grace_s` old and `probe(timeout_s)`, a metadata request of
-        `probe_timeout_s` (default `grace_s`), fails too. A probe that is answered clears
-        it; one that fails confirms it for `grace_s`, with no probe until then."""
+        """Whether the refusal this client saw stands (see the module docstring): an
+        authorization refusal for `grace_s`, then it is forgotten; a failed authentication
+        or TLS handshake once it is `grace_s` old and `probe(timeout_s)`, a metadata
+        request of `probe_timeout_s` (default `grace_s`), fails too. A probe that is
+        answered clears it. After one that fails, no probe for `grace_s`: the refusal
+        stands meanwhile if the probe was refused, and does not if it timed out."""
         if self.denied is None or self.denied_at is None:
             return False
-        if self.denied[0] not in ("authentication", "TLS"):
-            return True
         now = time.monotonic()
+        if self.denied[0] not in ("authentication", "TLS"):
+            if now - self.denied_at < grace_s:
+                return True
+            self.succeeded()
+            return False
         if now - self.denied_at < grace_s:
             return False
-        if self.confirmed_at is not None and now - self.confirmed_at < grace_s:
-            return True
+        if self.probed_at is not None and now - self.probed_at < grace_s:
+            return self.probe_refused
         try:
             probe(grace_s if probe_timeout_s is None else probe_timeout_s)
-        except KafkaException:
-            self.confirmed_at = time.monotonic()
+        except KafkaException as exc:
+            self.probed_at = time.monotonic()
+            self.probe_refused = bool(exc.args) and refusal(exc.args[0]) is not None
             return True
         self.succeeded()
         return False

@@ -66,7 +66,7 @@ may serve this one's reports, so the wait is short and re-checked."""
 PROBE_TIMEOUT_S = 1.0
 """How long the reader's metadata probe of a standing refusal waits (`ClientErrors.
 refused_still`): it runs on the fire loop. A probe that a slow broker leaves unanswered
-only reports the refusal for one more connect timeout; nothing is read or skipped."""
+reports the refusal for that tick only; the next ticks read as usual."""
 
 
 class _Deliveries:
