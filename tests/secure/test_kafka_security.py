@@ -190,8 +190,7 @@ def test_topics_a_user_may_not_describe_are_named_with_both_causes(kafka: KafkaS
         publisher = KafkaPublisher(stranger)
         try:
             publisher.check()
-        except QueueAccessDenied as exc:
-            assert "SASL authentication" in str(exc)
+        except QueueAccessDenied:
             return None
         except QueueError as exc:
             return str(exc)

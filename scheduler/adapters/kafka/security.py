@@ -126,12 +126,17 @@ def access_denied(settings: KafkaSettings, refused: str, detail: object, what: s
 
 
 def topics_missing(settings: KafkaSettings, names: list[str]) -> QueueError:
-    """The `QueueError` of topics the brokers' metadata does not list. Where ACLs may be in
-    force (a SASL user), a topic the user may not DESCRIBE is left out of the metadata
-    just as a missing one is, and Kafka says no more: the message names both causes."""
+    """The `QueueError` of topics the brokers' metadata does not list. Where ACLs may be
+    in force (a SASL user, or a client certificate), a topic the user may not DESCRIBE is
+    left out of the metadata just as a missing one is, and Kafka says no more: the
+    message names both causes."""
     error = (f"Kafka at {settings.bootstrap} has no topic {', '.join(names)}: create the scheduler's topics first "
              "(scheduler.adapters.kafka.topics.ensure_topics)")
     if settings.username is not None:
-        error += (f"; if they exist, User:{settings.username} may not DESCRIBE them: check its ACLs on the brokers "
-                  "(kafka-acls --list)")
-    return QueueError(error)
+        principal = f"User:{settings.username}"
+    elif settings.tls is not None and settings.tls.cert is not None:
+        principal = f"the principal of the client certificate {settings.tls.cert}"
+    else:
+        return QueueError(error)
+    return QueueError(f"{error}; if they exist, {principal} may not DESCRIBE them: check its ACLs on the brokers "
+                      "(kafka-acls --list)")
