@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -88,48 +89,70 @@ def test_sasl_plain_without_tls_is_refused_before_any_connection(tmp_path: Path)
         KafkaSettings(username="scheduler", password_file=tmp_path / "p", sasl_mechanism="PLAIN")
 
 
-def test_a_probe_is_made_at_most_once_a_grace_period_and_a_refused_one_makes_the_refusal_stand() -> None:
-    """The dispatcher's hand-off reader checks on every tick: a standing refusal must not
-    cost it a metadata request each time."""
+def timed_out_probe(probes: list[float]) -> Callable[[float], object]:
+    """A metadata probe as librdkafka fails it while no broker lets the client in: a
+    transport error or a timeout, never the refusal itself."""
+    def probe(timeout_s: float) -> object:
+        probes.append(timeout_s)
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata: Local: Broker transport failure"))
+    return probe
+
+
+def test_for_a_worker_a_failed_probe_makes_the_refusal_stand_with_no_other_probe_for_the_grace_period() -> None:
+    """A worker exits on a standing refusal; whichever of its checks comes first after the
+    probe (a poll, or a commit whose caller logs and goes on) must not be the only one."""
     client = errors()
     client(AUTHENTICATION)
     probes: list[float] = []
-
-    def refused_probe(timeout_s: float) -> object:
-        probes.append(timeout_s)
-        raise KafkaException(AUTHENTICATION)
-
-    assert client.refused_still(0.0, refused_probe, probe_timeout_s=1.0)
-    assert probes == [1.0]  # the short probe asked for, not the grace period
-    client.denied_at = time.monotonic() - 120.0  # the refusal has lasted; the probe was a moment ago
-    assert all(client.refused_still(60.0, refused_probe, probe_timeout_s=1.0) for _ in range(100))
-    assert probes == [1.0]  # no probe on these ticks, and the refusal stands
+    client.denied_at = time.monotonic() - 120.0  # the refusal has lasted
+    assert client.refused_still(60.0, timed_out_probe(probes))
+    assert probes == [60.0]  # the probe waits the grace period unless told otherwise
+    assert all(client.refused_still(60.0, timed_out_probe(probes)) for _ in range(100))
+    assert probes == [60.0]  # it stands on the next checks, with no probe
     client.probed_at = time.monotonic() - 61.0  # the probe has aged past the grace period
-    assert client.refused_still(60.0, refused_probe, probe_timeout_s=1.0)
-    assert probes == [1.0, 1.0]
+    assert client.refused_still(60.0, timed_out_probe(probes)) and probes == [60.0, 60.0]
     client.probed_at = time.monotonic() - 61.0
     assert not client.refused_still(60.0, answered)  # answered: the refusal is gone
     assert client.denied is None and client.probed_at is None and not client.probe_refused
 
 
-def test_a_probe_that_times_out_reports_once_and_lets_the_clients_requests_go_ahead() -> None:
-    """No answer is no verdict: a slow broker must not stop the hand-off reader reading
-    for a whole grace period on the strength of a refusal it may be past."""
+def test_for_the_hand_off_reader_a_probe_left_unanswered_reports_once_and_the_next_ticks_read_on() -> None:
+    """The reader is checked on every fire-loop tick: a short probe, at most once a grace
+    period, and no answer is no verdict, so a slow broker does not stop it reading."""
     client = errors()
     client(AUTHENTICATION)
     probes: list[float] = []
-
-    def timed_out(timeout_s: float) -> object:
-        probes.append(timeout_s)
-        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata: Local: Timed out"))
-
     client.denied_at = time.monotonic() - 120.0
-    assert client.refused_still(60.0, timed_out, probe_timeout_s=1.0)  # the tick of the probe reports it
-    assert not any(client.refused_still(60.0, timed_out, probe_timeout_s=1.0) for _ in range(100))
-    assert probes == [1.0]  # and the next ticks neither probe nor stop
-    assert client.denied is not None  # not forgotten: the next probe, a grace period on, asks again
+
+    def check() -> bool:
+        return client.refused_still(60.0, timed_out_probe(probes), probe_timeout_s=1.0, unanswered_stands=False)
+
+    assert check()  # the tick of the probe reports it
+    assert probes == [1.0]  # the short probe asked for
+    assert not any(check() for _ in range(100))  # the next ticks neither probe nor stop
+    assert probes == [1.0] and client.denied is not None  # not forgotten: a grace period on, it asks again
     client.probed_at = time.monotonic() - 61.0
-    assert client.refused_still(60.0, timed_out, probe_timeout_s=1.0) and probes == [1.0, 1.0]
+    assert check() and probes == [1.0, 1.0]
+
+
+def test_a_refused_probe_makes_the_refusal_stand_even_for_the_reader() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    client.denied_at = time.monotonic() - 120.0
+
+    def refused_probe(_timeout_s: float) -> object:
+        raise KafkaException(AUTHENTICATION)
+
+    assert client.refused_still(60.0, refused_probe, probe_timeout_s=1.0, unanswered_stands=False)
+    assert client.refused_still(60.0, unanswered, probe_timeout_s=1.0, unanswered_stands=False)
+
+
+def test_a_refusal_of_another_kind_is_timed_from_when_it_came() -> None:
+    client = errors()
+    client(AUTHENTICATION)
+    client.denied_at = time.monotonic() - 120.0
+    client(TOPIC_REFUSED)  # an authorization refusal now: it stands its own grace period
+    assert client.refused_still(60.0, unanswered)
 
 
 def test_an_authorization_refusal_is_forgotten_after_the_grace_period_so_a_new_grant_is_seen() -> None:

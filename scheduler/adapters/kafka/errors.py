@@ -24,9 +24,10 @@ through (`succeeded`) forgets it, and a long-lived client that only waits (a con
 poll) reports it only once it has lasted a while and a metadata request made then is
 not answered either (`refused_still`). A client checked on every tick of a loop (the
 dispatcher's hand-off reader) must not wait out a metadata request on each one, so the
-probe is made at most once in that while: until the next, the refusal stands if the
-probe was refused too, and otherwise (it timed out: no verdict) the client's own requests
-go ahead, and report it again if it is still there. An authorization refusal, the
+probe is made at most once in that while. Until the next, the refusal stands for a
+client that must not wait on (a worker, which exits on it); for one that can read on (the
+hand-off reader), only if the probe was refused too: a probe that timed out is no
+verdict, and its own requests go ahead and report the refusal again if it is still there. An authorization refusal, the
 broker's answer to a request, stands at once, for the same while: ACLs can be granted
 to a running process, and its next request asks again.
 """
@@ -70,7 +71,7 @@ class ClientErrors:
         if refused is not None:
             if self.denied is None or self.denied[1].str() != error.str():
                 self.log.error("%s refused by Kafka: %s", self.what, error, extra={"action": f"{self.action}.denied"})
-            if self.denied is None:
+            if self.denied is None or self.denied[0] != refused:  # the time of this kind of refusal
                 self.denied_at = time.monotonic()
             self.denied = (refused, error)
         if error.fatal():
@@ -107,13 +108,14 @@ class ClientErrors:
         self.probe_refused = False
 
     def refused_still(self, grace_s: float, probe: Callable[[float], object],
-                      probe_timeout_s: float | None = None) -> bool:
+                      probe_timeout_s: float | None = None, unanswered_stands: bool = True) -> bool:
         """Whether the refusal this client saw stands (see the module docstring): an
         authorization refusal for `grace_s`, then it is forgotten; a failed authentication
         or TLS handshake once it is `grace_s` old and `probe(timeout_s)`, a metadata
         request of `probe_timeout_s` (default `grace_s`), fails too. A probe that is
         answered clears it. After one that fails, no probe for `grace_s`: the refusal
-        stands meanwhile if the probe was refused, and does not if it timed out."""
+        stands meanwhile if the probe was refused, or if it timed out and
+        `unanswered_stands`."""
         if self.denied is None or self.denied_at is None:
             return False
         now = time.monotonic()
@@ -125,7 +127,7 @@ class ClientErrors:
         if now - self.denied_at < grace_s:
             return False
         if self.probed_at is not None and now - self.probed_at < grace_s:
-            return self.probe_refused
+            return self.probe_refused or unanswered_stands
         try:
             probe(grace_s if probe_timeout_s is None else probe_timeout_s)
         except KafkaException as exc:

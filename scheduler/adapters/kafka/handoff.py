@@ -329,11 +329,12 @@ class KafkaHandoffReader:
         self._consumer.close()
 
     def _check_fatal(self) -> None:
-        # Checked on every tick of the fire loop: the probe is short, and made at most
-        # once a connect timeout while the refusal stands.
+        # Checked on every tick of the fire loop: the probe is short, made at most once a
+        # connect timeout, and one left unanswered does not stop the next ticks reading.
         if self._errors.refused_still(self.settings.connect_timeout_s,
                                       lambda timeout_s: self._consumer.list_topics(timeout=timeout_s),
-                                      probe_timeout_s=min(PROBE_TIMEOUT_S, self.settings.connect_timeout_s)):
+                                      probe_timeout_s=min(PROBE_TIMEOUT_S, self.settings.connect_timeout_s),
+                                      unanswered_stands=False):
             self._errors.raise_denied(self.settings, f"read {self._topic}")
         if self._errors.fatal is not None:
             raise QueueError(f"the hand-off consumer failed for good ({self._errors.fatal}); make a new one")
