@@ -14,12 +14,13 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer as ClientConsumer
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -174,6 +175,10 @@ class SqliteBackend(Backend):
             queue.close()
 
 
+def report(reports: list[KafkaError | None], error: KafkaError | None, _message: object) -> None:
+    reports.append(error)
+
+
 class KafkaBackend(Backend):
     def __init__(self, bootstrap: str) -> None:
         super().__init__()
@@ -197,9 +202,18 @@ class KafkaBackend(Backend):
         return name
 
     def publish(self, topic: str, partition: int, values: Sequence[bytes]) -> None:
+        """Each value stored before the next is sent, its delivery report checked: a send
+        the broker failed (a flush only says that every report came, not that it was a
+        success) is sent again, so what the consumer must read is really there, in order."""
         for value in values:
-            self.producer.produce(topic, value, partition=partition)
-        assert self.producer.flush(DEADLINE_S) == 0
+            deadline = time.monotonic() + DEADLINE_S
+            while True:
+                reports: list[KafkaError | None] = []
+                self.producer.produce(topic, value, partition=partition, on_delivery=partial(report, reports))
+                assert self.producer.flush(DEADLINE_S) == 0 and len(reports) == 1
+                if reports[0] is None:
+                    break
+                assert time.monotonic() < deadline, f"{value!r} was never stored in {topic}[{partition}]: {reports[0]}"
 
     def make_consumer(self, group: str, topics: Sequence[str], member: str,
                       on_revoked: Callable[[list[TopicPartition]], None], session_timeout_s: float) -> Consumer:
