@@ -22,12 +22,14 @@ connections can cut a SASL or TLS handshake in a way librdkafka reports as an
 authentication or TLS error, and the next connection succeeds. So a request that goes
 through (`succeeded`) forgets it, and a long-lived client that only waits (a consumer's
 poll) reports it only once it has lasted a while and a metadata request made then is
-not answered either (`refused_still`). A client checked on every tick of a loop (the
-dispatcher's hand-off reader) must not wait out a metadata request on each one, so the
-probe is made at most once in that while. Until the next, the refusal stands for a
-client that must not wait on (a worker, which exits on it); for one that can read on (the
-hand-off reader), only if the probe was refused too: a probe that timed out is no
-verdict, and its own requests go ahead and report the refusal again if it is still there. An authorization refusal, the
+not answered either (`refused_still`).
+
+A client checked on every tick of a loop (the dispatcher's hand-off reader) must not
+wait out a metadata request on each one, so the probe is made at most once in that
+while. Until the next, the refusal stands for a client that must not wait on (a worker,
+which exits on it); for one that can read on (the hand-off reader), only if the probe
+was refused too: a probe that timed out is no verdict, and the reader's own requests go
+ahead and report the refusal again if it is still there. An authorization refusal, the
 broker's answer to a request, stands at once, for the same while: ACLs can be granted
 to a running process, and its next request asks again.
 """
