@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 
@@ -125,3 +125,17 @@ def zookeeper_session(hosts: str, tls: TlsFiles | None = None, timeout_s: float 
     finally:
         client.stop()
         client.close()
+
+
+def local_credentials(directory: Path, hosts: Sequence[str]) -> Any:
+    """A CA of its own in `directory`, with a server certificate for each of `hosts` and a
+    client certificate, made as the secure cluster makes its own: deploy/local's
+    `Credentials` (returned, for its paths)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy" / "local"))
+    try:
+        from credentials import Credentials  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    made = Credentials(directory)
+    made.ensure(list(hosts))
+    return made

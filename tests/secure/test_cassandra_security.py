@@ -22,7 +22,7 @@ from scheduler.errors import StoreAccessDenied
 from scheduler.settings import CassandraSettings, TlsFiles, read_secret
 from tests.cluster import unique_name
 from tests.secure_cluster import SecureCluster
-from tests.support import wait_until
+from tests.support import local_credentials, wait_until
 from tests.tasks import make_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.local_cluster, pytest.mark.secure, pytest.mark.timeout(300)]
@@ -191,10 +191,5 @@ def make_other_ca(directory: Path, host: str) -> Path:
     """A CA of its own, with a server and a client certificate, made the way the secure
     cluster makes its own (deploy/local/credentials.py)."""
     other = directory / "other-ca"
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "deploy" / "local"))
-    try:
-        from credentials import Credentials  # type: ignore[import-not-found]
-    finally:
-        sys.path.pop(0)
-    Credentials(other).ensure([host])
+    local_credentials(other, [host])
     return other

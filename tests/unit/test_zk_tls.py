@@ -15,7 +15,7 @@ import pytest
 from scheduler.adapters.zookeeper.security import client_options
 from scheduler.adapters.zookeeper.tls import PinnedTrustHandler, refusal, servers, tls_options
 from scheduler.settings import TlsFiles, ZooKeeperIdentity
-from tests.support import run_cli
+from tests.support import local_credentials, run_cli
 
 
 def test_tls_turns_on_certificate_and_hostname_checks_and_sends_the_client_certificate() -> None:
@@ -84,39 +84,17 @@ def test_a_server_that_closes_before_the_handshake_and_answers_no_clear_text_is_
             closer.join(timeout=5)
 
 
-def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed CA named `name`: (certificate, key)."""
-    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", f"/CN={name}"], check=True, capture_output=True)
-    return cert, key
-
-
-def signed_for_localhost(directory: Path, ca: tuple[Path, Path]) -> tuple[Path, Path]:
-    """A server certificate for 127.0.0.1 signed by `ca`: (certificate, key)."""
-    cert, key, request = directory / "server.pem", directory / "server.key", directory / "server.csr"
-    extensions = directory / "server.ext"
-    extensions.write_text("subjectAltName=IP:127.0.0.1\n")
-    subprocess.run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(request),
-                    "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
-    subprocess.run(["openssl", "x509", "-req", "-in", str(request), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
-                    "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(extensions)],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 def test_tls_to_zookeeper_trusts_the_given_ca_alone_not_the_systems(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # The server's CA is the machine's (SSL_CERT_FILE is where OpenSSL looks for the
     # system CAs); the client is given another. kazoo's own handler would accept the
     # server; the scheduler's must not.
-    server_ca = make_ca(tmp_path, "system-ca")
-    given_ca, _ = make_ca(tmp_path, "given-ca")
-    server_cert, server_key = signed_for_localhost(tmp_path, server_ca)
-    monkeypatch.setenv("SSL_CERT_FILE", str(server_ca[0]))
+    system = local_credentials(tmp_path / "system", ["127.0.0.1"])
+    given = local_credentials(tmp_path / "given", [])
+    monkeypatch.setenv("SSL_CERT_FILE", str(system.ca))
     monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_context.load_cert_chain(str(server_cert), str(server_key))
+    server_context.load_cert_chain(str(system.server_cert("127.0.0.1")), str(system.server_key("127.0.0.1")))
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
 
@@ -138,8 +116,8 @@ def test_tls_to_zookeeper_trusts_the_given_ca_alone_not_the_systems(tmp_path: Pa
                                              ca=str(ca), verify_certs=True, check_hostname=True)
 
         with pytest.raises(ssl.SSLCertVerificationError):
-            connect(given_ca)
-        accepted = connect(server_ca[0])
+            connect(given.ca)
+        accepted = connect(system.ca)
         with accepted:
             assert accepted.recv(2) == b"ok"  # the server's own CA, given: accepted, checked for 127.0.0.1
         thread.join(timeout=10)
