@@ -3,8 +3,8 @@ half-writes nothing.
 
 SASL_SSL with SCRAM-SHA-512 and a client certificate required; ACLs with nothing
 allowed unless granted: `scheduler` may do what the scheduler does, `reader` may read
-and not write, a user made by a test may do nothing. Each test uses a topic prefix of its own, removed afterwards as the
-scheduler.
+and not write, a user made by a test may do nothing. Each test uses a topic prefix of
+its own, removed afterwards as the scheduler.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ The scheduler's coordinator, with its certificate and identity, takes a lease. A
 that speaks TLS with a good certificate but has no identity reads the leases and cannot
 delete, change or add a member or a lease. A client without a certificate, with one from
 another CA, trusting another CA (even where the machine's CAs vouch for the server), or
-speaking clear text, gets no session, and the
-coordinator says which of these it is (`CoordinatorAccessDenied`), where kazoo alone
-would only time out; a `scheduler dispatcher` without a certificate exits 2 saying so.
+speaking clear text, gets no session, and the coordinator says which of these it is
+(`CoordinatorAccessDenied`), where kazoo alone would only time out; a `scheduler
+dispatcher` without a certificate exits 2 saying so.
 """
 
 from __future__ import annotations
