@@ -1,26 +1,30 @@
 """Against the real Cassandra: the schema applies idempotently (and brings a keyspace
-made before a column existed up to date), a task row round-trips, and the static `fence`
-column behaves as the fencing design relies on."""
+made before a column existed up to date, and finishes when its node stops answering for
+a while), a task row round-trips, and the static `fence` column behaves as the fencing
+design relies on."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
 
 from scheduler.adapters.cassandra import schema
-from scheduler.adapters.cassandra.connection import CassandraConnection
+from scheduler.adapters.cassandra.connection import CassandraConnection, connect
 from scheduler.adapters.cassandra.effects import CassandraEffectLedger
-from scheduler.adapters.cassandra.store import CassandraTaskStore
+from scheduler.adapters.cassandra.store import CassandraTaskStore, recorded_created_ms, recorded_shard_count
 from scheduler.cli import Exit
 from scheduler.errors import SchemaConflict, StoreError
 from scheduler.model import Priority, Task, TaskId, encode_payload
 from scheduler.ports import StatusReport, TaskStatus
 from scheduler.settings import CassandraSettings
-from tests.cluster import Cluster, unique_name
+from tests.cluster import Cluster, local_status, unique_name
 from tests.support import run_cli
 from tests.tasks import make_task
 
@@ -159,6 +163,35 @@ def test_a_replication_cassandra_refuses_is_a_failure_not_an_unreachable_server(
     )
     assert result.returncode == Exit.FAILURE, result.stderr
     assert f"applying the schema to keyspace '{spare_keyspace}' failed" in result.stderr
+
+
+@pytest.mark.local_cluster
+def test_schema_apply_asks_a_node_again_after_it_stopped_answering_and_finishes(
+    cluster: Cluster, cassandra: CassandraConnection, spare_keyspace: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The node is paused (SIGSTOP) for longer than a statement may take, as a node of a
+    cluster just started can be: the statement times out, is asked again of the same node
+    once it answers, and every table is made and the shard count recorded."""
+    assert cluster.local
+    monkeypatch.setattr(schema, "STATEMENT_TIMEOUT_S", 2.0)
+    pid = local_status()["cassandra"]["pid"]
+    settings = CassandraSettings(hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=spare_keyspace)
+    with connect(cluster.cassandra) as connection:
+        os.kill(pid, signal.SIGSTOP)
+        resume = threading.Timer(5.0, os.kill, (pid, signal.SIGCONT))
+        resume.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger=schema.__name__):
+                applied = schema.apply(connection, settings)
+        finally:
+            resume.cancel()
+            os.kill(pid, signal.SIGCONT)
+    assert "did not answer 'CREATE KEYSPACE IF NOT EXISTS" in caplog.text  # the first one timed out
+    assert tables_of(cassandra, spare_keyspace) == TABLES
+    assert applied.shard_count == 64
+    assert recorded_shard_count(cassandra, spare_keyspace) == 64
+    assert recorded_created_ms(cassandra, spare_keyspace) is not None
 
 
 def columns_of(cassandra: CassandraConnection, keyspace: str, table: str) -> set[str]:

@@ -12,10 +12,16 @@ every task's shard, and so its partition, depends on it.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
+
+from cassandra import OperationTimedOut, Timeout, Unavailable
+from cassandra.cluster import NoHostAvailable, Session
+from cassandra.pool import Host
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
 from scheduler.adapters.cassandra.refusals import raise_if_denied
@@ -27,6 +33,20 @@ _USE = re.compile(r"USE \w+")
 _TABLE = re.compile(r"(CREATE TABLE IF NOT EXISTS) (\w+)")
 _ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ [\w<>, ]+)")
 _TABLE_OPTION = re.compile(r"(ALTER TABLE) (\w+)( WITH \w+ = \d+)")
+
+STATEMENT_TIMEOUT_S = 60.0
+"""How long one schema statement may take: a table made on a busy cluster of several
+nodes waits for each of them."""
+PATIENCE_S = 180.0
+"""How long `apply` keeps asking again after a statement timed out or its node was
+held down (the driver marks a node down when it stops answering, and up again when it
+reconnects)."""
+RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
+"""Waits before each ask again; the last one repeats."""
+_TRANSIENT = (OperationTimedOut, NoHostAvailable, Timeout, Unavailable)
+"""A node too slow or not there for now: asked again. Refusals (syntax, grants) are not."""
+
+log = logging.getLogger(__name__)
 
 
 def schema_text() -> str:
@@ -99,24 +119,61 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
     """Create the keyspace and tables if missing, and record the shard count."""
     statements = render(settings.keyspace, settings.replication)
     session = connection.session
+    ask = _Asker(session, _coordinator(session), time.monotonic() + PATIENCE_S)
     try:
         for statement in statements:
-            session.execute(statement)
-        row = session.execute(
+            ask(statement)
+        # Asked again after a timeout, the conditional insert may find its own first value:
+        # then it is not "recorded now", but the count is the one asked for.
+        row = ask(
             f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('shard_count', %s) IF NOT EXISTS",
             (str(settings.shard_count),),
         ).one()
         # No task can be older than this: a shard never fired starts from here.
-        session.execute(
+        ask(
             f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('created_ms', %s) IF NOT EXISTS",
             (str(time.time_ns() // 1_000_000),),
         )
     except DRIVER_ERRORS as exc:
         raise_if_denied(exc, session, f"applying the schema to keyspace {settings.keyspace!r}")
-        raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}") from exc
+        raise StoreError(
+            f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}. Every statement is "
+            "`IF NOT EXISTS`: once the nodes answer again, running it again finishes what is missing."
+        ) from exc
     if not row.applied and int(row.value) != settings.shard_count:
         raise SchemaConflict(
             f"keyspace {settings.keyspace!r} was created with {row.value} shards, not {settings.shard_count}. "
             "The shard count is fixed per keyspace: use the recorded count, or a new keyspace."
         )
     return AppliedSchema(settings.keyspace, len(statements), settings.shard_count, bool(row.applied))
+
+
+def _coordinator(session: Session) -> Host | None:
+    """The node every schema statement goes to: one the driver holds as up (None if it
+    holds none; the driver then picks, and fails as it would)."""
+    up = [host for host in session.cluster.metadata.all_hosts() if host.is_up]
+    return min(up, key=lambda host: str(host.endpoint)) if up else None
+
+
+@dataclass
+class _Asker:
+    """Runs statements on one node, asking again after a timeout until `deadline`."""
+
+    session: Session
+    host: Host | None
+    deadline: float
+
+    def __call__(self, statement: str, values: tuple[object, ...] | None = None) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return self.session.execute(statement, values, timeout=STATEMENT_TIMEOUT_S, host=self.host)
+            except _TRANSIENT as exc:
+                delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
+                if time.monotonic() + delay >= self.deadline:
+                    raise
+                where = self.host.endpoint if self.host is not None else "Cassandra"
+                log.warning("%s did not answer %r in time (%s); asking it again in %.0f s",
+                            where, " ".join(statement.split()[:6]), exc, delay)
+                time.sleep(delay)
+                attempt += 1
