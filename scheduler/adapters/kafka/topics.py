@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 
 WATERMARK_RETRY_S = 0.2
 """Pause between asks for a partition's watermarks while it has no leader."""
+LEADER_PATIENCE_S = 60.0
+"""How long a broker that answers may say a partition has no leader yet before a scan
+gives up. A broker on a busy disk makes a new topic's partitions, or loads them after a
+restart, over seconds; it is reachable all the while, so this is not the connect timeout."""
+_NO_LEADER_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 
 REFUSAL_CHECK_S = 0.5
 """How often a metadata request that has no answer yet looks for a refusal among the
@@ -194,13 +199,15 @@ def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = 
 def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int) -> tuple[int, int]:
     """The (low, high) watermarks of one partition, asked of its leader.
 
-    A partition can be briefly without a leader the broker knows of, just after its topic
-    was made or while a broker that led it restarts; the answer is then a retriable
-    error (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again, after the
-    topic's metadata is fetched afresh (a client can keep asking a broker that no longer
-    or not yet leads it), until `connect_timeout_s` has passed. Anything else, or no answer in time, is
-    `QueueUnavailable`."""
-    deadline = time.monotonic() + settings.connect_timeout_s
+    A partition can be without a leader the broker serves, just after its topic was made
+    or while a broker that led it restarts; the answer is then a retriable error
+    (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again, after the topic's
+    metadata is fetched afresh (a client can keep asking a broker that no longer or not yet
+    leads it), for up to `LEADER_PATIENCE_S`. No answer within `connect_timeout_s`, or any
+    other error, is `QueueUnavailable`."""
+    started = time.monotonic()
+    deadline = started + settings.connect_timeout_s
+    leader_deadline = started + max(settings.connect_timeout_s, LEADER_PATIENCE_S)
     while True:
         remaining = deadline - time.monotonic()
         try:
@@ -210,8 +217,17 @@ def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partit
             return int(low), int(high)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
+            leaderless = isinstance(error, KafkaError) and error.code() in _NO_LEADER_YET
             retriable = isinstance(error, KafkaError) and error.retriable()
-            if not retriable or time.monotonic() + WATERMARK_RETRY_S >= deadline:
+            now = time.monotonic()
+            if leaderless and now + WATERMARK_RETRY_S < leader_deadline:
+                deadline = now + settings.connect_timeout_s  # it answered: the broker is there
+            elif leaderless:
+                raise QueueUnavailable(
+                    f"partition {partition} of {topic} on Kafka at {settings.bootstrap} has had no leader that "
+                    f"serves it for {now - started:.0f} s ({error}): check the brokers' logs for that partition"
+                ) from exc
+            elif not retriable or now + WATERMARK_RETRY_S >= deadline:
                 raise unavailable(settings, settings.connect_timeout_s, error) from exc
         time.sleep(WATERMARK_RETRY_S)
         try:  # ask for the topic's leaders afresh: the answer came from what the client last knew

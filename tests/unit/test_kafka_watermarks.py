@@ -1,0 +1,75 @@
+"""Asking a partition's watermarks: a broker that answers "no leader yet" is asked again
+past the connect timeout (it is there, making or loading the partition), up to the
+leader patience; a broker that does not answer, or refuses otherwise, fails at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from scheduler.adapters.kafka import topics
+from scheduler.errors import QueueUnavailable
+from scheduler.settings import KafkaSettings
+
+SETTINGS = KafkaSettings(bootstrap="127.0.0.1:9092", connect_timeout_s=0.3)
+
+
+class ScriptedClient:
+    """Answers `get_watermark_offsets` from a script: an error code to raise, or offsets."""
+
+    def __init__(self, script: Iterator[int | tuple[int, int]]) -> None:
+        self.script = script
+        self.asks = 0
+        self.metadata_asks = 0
+
+    def get_watermark_offsets(self, _partition: Any, timeout: float) -> tuple[int, int]:
+        self.asks += 1
+        step = next(self.script)
+        if isinstance(step, int):
+            raise KafkaException(KafkaError(step, "scripted"))
+        return step
+
+    def list_topics(self, _topic: str, timeout: float) -> None:
+        self.metadata_asks += 1
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topics, "WATERMARK_RETRY_S", 0.05)
+    monkeypatch.setattr(topics, "LEADER_PATIENCE_S", 1.0)
+
+
+def no_leader_then(offsets: tuple[int, int], times: int) -> Iterator[int | tuple[int, int]]:
+    for index in range(times):
+        yield KafkaError.NOT_LEADER_FOR_PARTITION if index % 2 else KafkaError.LEADER_NOT_AVAILABLE
+    yield offsets
+
+
+def test_a_partition_without_a_leader_for_longer_than_the_connect_timeout_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(topics, "LEADER_PATIENCE_S", 30.0)
+    client = ScriptedClient(no_leader_then((3, 17), times=12))  # 12 x 0.05 s = 0.6 s > 0.3 s
+    assert topics.watermark_offsets(client, SETTINGS, "t.handoff", 0) == (3, 17)
+    assert client.asks == 13
+    assert client.metadata_asks == 12  # the leaders asked afresh before each new ask
+
+
+def test_a_partition_that_never_gets_a_leader_fails_after_the_patience_naming_it() -> None:
+    client = ScriptedClient(iter(lambda: KafkaError.NOT_LEADER_FOR_PARTITION, None))
+    started = time.monotonic()
+    with pytest.raises(QueueUnavailable, match=r"partition 5 of t\.handoff .* has had no leader that serves it"):
+        topics.watermark_offsets(client, SETTINGS, "t.handoff", 5)
+    assert time.monotonic() - started >= 1.0 - 0.05  # the patience, not the 0.3 s connect timeout
+    assert client.asks > 1
+
+
+def test_another_error_is_not_asked_again() -> None:
+    client = ScriptedClient(iter([KafkaError.TOPIC_AUTHORIZATION_FAILED, (0, 1)]))
+    with pytest.raises(QueueUnavailable, match="cannot reach Kafka at 127.0.0.1:9092"):
+        topics.watermark_offsets(client, SETTINGS, "t.handoff", 0)
+    assert client.asks == 1
