@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import subprocess
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -178,16 +177,18 @@ def test_schema_apply_asks_a_node_again_after_it_stopped_answering_and_finishes(
     pid = local_status()["cassandra"]["pid"]
     settings = CassandraSettings(hosts=cluster.cassandra.hosts, port=cluster.cassandra.port, keyspace=spare_keyspace)
     with connect(cluster.cassandra) as connection:
-        os.kill(pid, signal.SIGSTOP)
-        resume = threading.Timer(5.0, os.kill, (pid, signal.SIGCONT))
-        resume.start()
+        # A process of its own resumes the node, even if this one dies meanwhile.
+        resumer = subprocess.Popen(["sh", "-c", f"kill -STOP {pid} && echo stopped; sleep 5; kill -CONT {pid}"],
+                                   stdout=subprocess.PIPE, text=True, start_new_session=True)
         try:
+            assert resumer.stdout is not None and resumer.stdout.readline() == "stopped\n"
             with caplog.at_level(logging.WARNING, logger=schema.__name__):
                 applied = schema.apply(connection, settings)
         finally:
-            resume.cancel()
             os.kill(pid, signal.SIGCONT)
-    assert "did not answer 'CREATE KEYSPACE IF NOT EXISTS" in caplog.text  # the first one timed out
+            resumer.communicate(timeout=30)
+    # The first statement timed out, and was asked again.
+    assert f"'CREATE KEYSPACE IF NOT EXISTS {spare_keyspace}' failed (OperationTimedOut" in caplog.text
     assert tables_of(cassandra, spare_keyspace) == TABLES
     assert applied.shard_count == 64
     assert recorded_shard_count(cassandra, spare_keyspace) == 64

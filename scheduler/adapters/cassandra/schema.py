@@ -15,13 +15,17 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 from cassandra import OperationTimedOut, Timeout, Unavailable
-from cassandra.cluster import NoHostAvailable, Session
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable, Session
+from cassandra.connection import ConnectionException
+from cassandra.policies import FallthroughRetryPolicy
 from cassandra.pool import Host
+from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessage
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
 from scheduler.adapters.cassandra.refusals import raise_if_denied
@@ -35,16 +39,18 @@ _ADD_COLUMN = re.compile(r"(ALTER TABLE) (\w+)( ADD IF NOT EXISTS \w+ [\w<>, ]+)
 _TABLE_OPTION = re.compile(r"(ALTER TABLE) (\w+)( WITH \w+ = \d+)")
 
 STATEMENT_TIMEOUT_S = 60.0
-"""How long one schema statement may take: a table made on a busy cluster of several
-nodes waits for each of them."""
+"""How long one ask of a schema statement may take: a table made on a busy cluster of
+several nodes waits for each of them."""
 PATIENCE_S = 180.0
-"""How long `apply` keeps asking again after a statement timed out or its node was
-held down (the driver marks a node down when it stops answering, and up again when it
-reconnects)."""
+"""How long one statement is asked again after it timed out or its node was held down
+(the driver marks a node down when it stops answering, and up again when it reconnects)."""
 RETRY_DELAYS_S = (1.0, 2.0, 5.0, 10.0)
 """Waits before each ask again; the last one repeats."""
-_TRANSIENT = (OperationTimedOut, NoHostAvailable, Timeout, Unavailable)
-"""A node too slow or not there for now: asked again. Refusals (syntax, grants) are not."""
+_TRANSIENT = (OperationTimedOut, NoHostAvailable, ConnectionException, Timeout, Unavailable,
+              OverloadedErrorMessage, IsBootstrappingErrorMessage)
+"""A node too slow, too busy or not there for now: asked again. Refusals (syntax,
+grants, a replication Cassandra does not know) are not."""
+_FAILURES = (*DRIVER_ERRORS, ConnectionException)
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +125,7 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
     """Create the keyspace and tables if missing, and record the shard count."""
     statements = render(settings.keyspace, settings.replication)
     session = connection.session
-    ask = _Asker(session, _coordinator(session), time.monotonic() + PATIENCE_S)
+    ask = _Asker(session)
     try:
         for statement in statements:
             ask(statement)
@@ -134,12 +140,11 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
             f"INSERT INTO {settings.keyspace}.meta (name, value) VALUES ('created_ms', %s) IF NOT EXISTS",
             (str(time.time_ns() // 1_000_000),),
         )
-    except DRIVER_ERRORS as exc:
+    except _FAILURES as exc:
         raise_if_denied(exc, session, f"applying the schema to keyspace {settings.keyspace!r}")
-        raise StoreError(
-            f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}. Every statement is "
-            "`IF NOT EXISTS`: once the nodes answer again, running it again finishes what is missing."
-        ) from exc
+        again = (" Every statement is safe to run twice: once the nodes answer again, `scheduler schema apply` "
+                 "finishes what is missing." if isinstance(exc, _TRANSIENT) else "")
+        raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}.{again}") from exc
     if not row.applied and int(row.value) != settings.shard_count:
         raise SchemaConflict(
             f"keyspace {settings.keyspace!r} was created with {row.value} shards, not {settings.shard_count}. "
@@ -148,32 +153,57 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
     return AppliedSchema(settings.keyspace, len(statements), settings.shard_count, bool(row.applied))
 
 
+def _serves(session: Session, host: Host | None) -> bool:
+    """Whether the driver holds `host` up with an open connection to it."""
+    if host is None or not host.is_up:
+        return False
+    return bool(session.get_pool_state().get(host, {}).get("open_count", 0))
+
+
 def _coordinator(session: Session) -> Host | None:
-    """The node every schema statement goes to: one the driver holds as up (None if it
-    holds none; the driver then picks, and fails as it would)."""
-    up = [host for host in session.cluster.metadata.all_hosts() if host.is_up]
-    return min(up, key=lambda host: str(host.endpoint)) if up else None
+    """A node the driver has an open connection to, the same one while it has (None if
+    there is none for now). `is_up` alone is not enough: a node found in `system.peers`
+    is held up before any connection to it was made."""
+    open_hosts = [host for host in session.get_pool_state() if _serves(session, host)]
+    return min(open_hosts, key=lambda host: str(host.endpoint)) if open_hosts else None
 
 
-@dataclass
 class _Asker:
-    """Runs statements on one node, asking again after a timeout until `deadline`."""
+    """Runs schema statements on one node, asking a statement again after a timeout, of
+    the node it may have reached, for up to `PATIENCE_S`."""
 
-    session: Session
-    host: Host | None
-    deadline: float
+    def __init__(self, session: Session, *, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.session = session
+        self.sleep = sleep
+        self.clock = clock
+        # The driver's default policy sends a statement a node failed to the next node at
+        # once, which for a statement pinned to a node is the same node again, with no
+        # wait: asking again is left to the waits below.
+        self.profile = session.execution_profile_clone_update(EXEC_PROFILE_DEFAULT,
+                                                              retry_policy=FallthroughRetryPolicy())
+        self.host: Host | None = None
 
     def __call__(self, statement: str, values: tuple[object, ...] | None = None) -> Any:
+        deadline = self.clock() + PATIENCE_S
+        may_have_reached = False  # once it may have, it is asked only of that node
         attempt = 0
         while True:
+            if not may_have_reached and not _serves(self.session, self.host):
+                self.host = _coordinator(self.session)
             try:
-                return self.session.execute(statement, values, timeout=STATEMENT_TIMEOUT_S, host=self.host)
+                if self.host is None:
+                    raise NoHostAvailable("no Cassandra node has an open connection for now", {})
+                timeout = min(STATEMENT_TIMEOUT_S, max(deadline - self.clock(), 1.0))
+                return self.session.execute(statement, values, timeout=timeout, host=self.host,
+                                            execution_profile=self.profile)
             except _TRANSIENT as exc:
+                may_have_reached = may_have_reached or not isinstance(exc, NoHostAvailable)
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]
-                if time.monotonic() + delay >= self.deadline:
+                if self.clock() + delay >= deadline:
                     raise
                 where = self.host.endpoint if self.host is not None else "Cassandra"
-                log.warning("%s did not answer %r in time (%s); asking it again in %.0f s",
-                            where, " ".join(statement.split()[:6]), exc, delay)
-                time.sleep(delay)
+                log.warning("%s: %r failed (%s: %s); asking again in %.0f s", where,
+                            " ".join(statement.split()[:6]), type(exc).__name__, exc, delay)
+                self.sleep(delay)
                 attempt += 1
