@@ -1,6 +1,7 @@
 """Asking a partition's watermarks: a broker that answers "no leader yet" is asked again
 past the connect timeout (it is there, making or loading the partition), up to the
-leader patience; a broker that does not answer, or refuses otherwise, fails at once."""
+leader patience, which a scan of many partitions spends once; a refusal is reported as
+one, and a broker that does not answer fails at once."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from scheduler.adapters.kafka import topics
-from scheduler.errors import QueueUnavailable
+from scheduler.errors import QueueAccessDenied, QueueUnavailable
 from scheduler.settings import KafkaSettings
 
 SETTINGS = KafkaSettings(bootstrap="127.0.0.1:9092", connect_timeout_s=0.3)
@@ -62,14 +63,34 @@ def test_a_partition_without_a_leader_for_longer_than_the_connect_timeout_is_ask
 def test_a_partition_that_never_gets_a_leader_fails_after_the_patience_naming_it() -> None:
     client = ScriptedClient(iter(lambda: KafkaError.NOT_LEADER_FOR_PARTITION, None))
     started = time.monotonic()
-    with pytest.raises(QueueUnavailable, match=r"partition 5 of t\.handoff .* has had no leader that serves it"):
+    with pytest.raises(QueueUnavailable, match=r"partition 5 of t\.handoff .* still had no leader that serves it"):
         topics.watermark_offsets(client, SETTINGS, "t.handoff", 5)
     assert time.monotonic() - started >= 1.0 - 0.05  # the patience, not the 0.3 s connect timeout
     assert client.asks > 1
 
 
-def test_another_error_is_not_asked_again() -> None:
+def test_a_new_leader_not_caught_up_yet_is_asked_again() -> None:
+    client = ScriptedClient(iter([KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.REPLICA_NOT_AVAILABLE, (0, 4)]))
+    assert topics.watermark_offsets(client, SETTINGS, "t.handoff", 0) == (0, 4)
+
+
+def test_a_scan_spends_one_leader_patience_on_all_its_partitions() -> None:
+    client = ScriptedClient(iter(lambda: KafkaError.NOT_LEADER_FOR_PARTITION, None))
+    spent = time.monotonic() - 0.01  # as if the scan's earlier partitions had used it up
+    with pytest.raises(QueueUnavailable, match="still had no leader"):
+        topics.watermark_offsets(client, SETTINGS, "t.handoff", 7, leader_deadline=spent)
+    assert client.asks == 1
+
+
+def test_a_refusal_is_reported_as_one_and_not_asked_again() -> None:
     client = ScriptedClient(iter([KafkaError.TOPIC_AUTHORIZATION_FAILED, (0, 1)]))
+    with pytest.raises(QueueAccessDenied, match="refused"):
+        topics.watermark_offsets(client, SETTINGS, "t.handoff", 0)
+    assert client.asks == 1
+
+
+def test_no_answer_is_an_unreachable_broker_at_once() -> None:
+    client = ScriptedClient(iter([KafkaError._TIMED_OUT, (0, 1)]))
     with pytest.raises(QueueUnavailable, match="cannot reach Kafka at 127.0.0.1:9092"):
         topics.watermark_offsets(client, SETTINGS, "t.handoff", 0)
     assert client.asks == 1

@@ -47,10 +47,18 @@ log = logging.getLogger(__name__)
 WATERMARK_RETRY_S = 0.2
 """Pause between asks for a partition's watermarks while it has no leader."""
 LEADER_PATIENCE_S = 60.0
-"""How long a broker that answers may say a partition has no leader yet before a scan
-gives up. A broker on a busy disk makes a new topic's partitions, or loads them after a
-restart, over seconds; it is reachable all the while, so this is not the connect timeout."""
-_NO_LEADER_YET = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
+"""How long a broker that answers may say a topic's partitions have no leader yet before
+a scan gives up. A broker on a busy disk makes a new topic's partitions, or loads them
+after a restart, over seconds; it is reachable all the while, so this is not the connect
+timeout."""
+_NO_LEADER_YET = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.REPLICA_NOT_AVAILABLE,
+    KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader whose high watermark has not caught up
+})
+METADATA_REFRESH_S = 2.0
+"""The longest a fresh ask for a topic's leaders may take between two asks for a
+partition's watermarks (its answer only refreshes what the client knows)."""
 
 REFUSAL_CHECK_S = 0.5
 """How often a metadata request that has no answer yet looks for a refusal among the
@@ -196,42 +204,42 @@ def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = 
                 raise unavailable(settings, timeout, exc) from exc
 
 
-def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int) -> tuple[int, int]:
+def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int, *,
+                      leader_deadline: float | None = None) -> tuple[int, int]:
     """The (low, high) watermarks of one partition, asked of its leader.
 
-    A partition can be without a leader the broker serves, just after its topic was made
-    or while a broker that led it restarts; the answer is then a retriable error
-    (`NOT_LEADER_FOR_PARTITION`, `LEADER_NOT_AVAILABLE`), asked again, after the topic's
-    metadata is fetched afresh (a client can keep asking a broker that no longer or not yet
-    leads it), for up to `LEADER_PATIENCE_S`. No answer within `connect_timeout_s`, or any
-    other error, is `QueueUnavailable`."""
+    A partition can be without a leader that serves it, just after its topic was made or
+    while a broker that led it restarts; the answer is then `NOT_LEADER_FOR_PARTITION`,
+    `LEADER_NOT_AVAILABLE` or the like, asked again, after the topic's metadata is fetched
+    afresh (a client can keep asking a broker that no longer or not yet leads it), until
+    `leader_deadline` (a `time.monotonic()` value; by default `LEADER_PATIENCE_S` from now:
+    a scan of many partitions passes one deadline for them all). A refusal is
+    `QueueAccessDenied`; no answer within `connect_timeout_s`, or any other error,
+    `QueueUnavailable`."""
     started = time.monotonic()
-    deadline = started + settings.connect_timeout_s
-    leader_deadline = started + max(settings.connect_timeout_s, LEADER_PATIENCE_S)
+    if leader_deadline is None:
+        leader_deadline = started + max(settings.connect_timeout_s, LEADER_PATIENCE_S)
     while True:
-        remaining = deadline - time.monotonic()
         try:
             low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(remaining, 0.1)
+                TopicPartition(topic, partition), timeout=settings.connect_timeout_s
             )
             return int(low), int(high)
         except KafkaException as exc:
             error = exc.args[0] if exc.args else None
-            leaderless = isinstance(error, KafkaError) and error.code() in _NO_LEADER_YET
-            retriable = isinstance(error, KafkaError) and error.retriable()
-            now = time.monotonic()
-            if leaderless and now + WATERMARK_RETRY_S < leader_deadline:
-                deadline = now + settings.connect_timeout_s  # it answered: the broker is there
-            elif leaderless:
-                raise QueueUnavailable(
-                    f"partition {partition} of {topic} on Kafka at {settings.bootstrap} has had no leader that "
-                    f"serves it for {now - started:.0f} s ({error}): check the brokers' logs for that partition"
-                ) from exc
-            elif not retriable or now + WATERMARK_RETRY_S >= deadline:
+            if (refused := refusal(error)) is not None:
+                raise access_denied(settings, refused, error, f"read the offsets of {topic}") from exc
+            if not (isinstance(error, KafkaError) and error.code() in _NO_LEADER_YET):
                 raise unavailable(settings, settings.connect_timeout_s, error) from exc
+            if time.monotonic() + WATERMARK_RETRY_S >= leader_deadline:
+                raise QueueUnavailable(
+                    f"partition {partition} of {topic} on Kafka at {settings.bootstrap} still had no leader that "
+                    f"serves it after {time.monotonic() - started:.0f} s ({error}): check the brokers' logs for "
+                    "that partition"
+                ) from exc
         time.sleep(WATERMARK_RETRY_S)
         try:  # ask for the topic's leaders afresh: the answer came from what the client last knew
-            consumer.list_topics(topic, timeout=max(deadline - time.monotonic(), 0.1))
+            consumer.list_topics(topic, timeout=METADATA_REFRESH_S)
         except KafkaException:
             pass  # the next ask says what is wrong
 
