@@ -165,6 +165,7 @@ def test_a_replication_cassandra_refuses_is_a_failure_not_an_unreachable_server(
 
 
 @pytest.mark.local_cluster
+@pytest.mark.timeout(400)  # every statement has the short timeout: on a busy machine, some are asked twice
 def test_schema_apply_asks_a_node_again_after_it_stopped_answering_and_finishes(
     cluster: Cluster, cassandra: CassandraConnection, spare_keyspace: str, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,

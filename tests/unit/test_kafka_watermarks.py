@@ -74,6 +74,14 @@ def test_a_new_leader_not_caught_up_yet_is_asked_again() -> None:
     assert topics.watermark_offsets(client, SETTINGS, "t.handoff", 0) == (0, 4)
 
 
+def test_a_leader_the_client_does_not_know_yet_is_asked_again() -> None:
+    """librdkafka answers `_UNKNOWN_PARTITION` itself, at once, while its metadata shows
+    the partition's leader as -1 (a broker that led it restarting)."""
+    client = ScriptedClient(iter([KafkaError._UNKNOWN_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART, (2, 9)]))
+    assert topics.watermark_offsets(client, SETTINGS, "t.handoff", 3) == (2, 9)
+    assert client.metadata_asks == 2
+
+
 def test_a_scan_spends_one_leader_patience_on_all_its_partitions() -> None:
     client = ScriptedClient(iter(lambda: KafkaError.NOT_LEADER_FOR_PARTITION, None))
     spent = time.monotonic() - 0.01  # as if the scan's earlier partitions had used it up

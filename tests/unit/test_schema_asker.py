@@ -95,6 +95,37 @@ def test_a_statement_that_never_left_goes_to_a_node_with_an_open_connection() ->
     assert session.asked == ["10.0.0.2:9042", "10.0.0.2:9042"]
 
 
+@dataclass
+class Answer:
+    """A result whose change the driver did (or did not) see on every node in time."""
+
+    response_future: Any
+
+
+@dataclass
+class Future:
+    is_schema_agreed: bool
+
+
+def test_after_a_change_not_yet_on_every_node_the_next_statement_waits_for_its_node() -> None:
+    """`ALTER TABLE t` asked of another node before `CREATE TABLE t` reached it would be
+    refused there as a table it does not know."""
+    a, b = Node("10.0.0.1:9042"), Node("10.0.0.2:9042")
+    session = ScriptedSession([a, b], iter([Answer(Future(is_schema_agreed=False)), "altered"]))
+    waits = 0
+
+    def a_back_after_two_waits(_seconds: float) -> None:
+        nonlocal waits
+        waits += 1
+        a.open = waits >= 2
+
+    ask = asker(session, sleep=a_back_after_two_waits)
+    ask("CREATE TABLE IF NOT EXISTS k.t (a int PRIMARY KEY)")
+    a.open = False
+    assert ask("ALTER TABLE k.t ADD IF NOT EXISTS b int") == "altered"
+    assert session.asked == ["10.0.0.1:9042", "10.0.0.1:9042"]
+
+
 def test_a_node_held_up_without_an_open_connection_is_not_chosen() -> None:
     session = ScriptedSession([Node("10.0.0.1:9042", open=False), Node("10.0.0.9:9042")], iter(["done"]))
     assert asker(session)("CREATE KEYSPACE IF NOT EXISTS k") == "done"

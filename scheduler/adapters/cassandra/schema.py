@@ -29,7 +29,7 @@ from cassandra.protocol import IsBootstrappingErrorMessage, OverloadedErrorMessa
 
 from scheduler.adapters.cassandra.connection import DRIVER_ERRORS, CassandraConnection
 from scheduler.adapters.cassandra.refusals import raise_if_denied
-from scheduler.errors import SchemaConflict, StoreError
+from scheduler.errors import SchemaConflict, StoreError, StoreUnavailable
 from scheduler.settings import CassandraSettings, check_keyspace, check_replication
 
 _KEYSPACE = re.compile(r"CREATE KEYSPACE IF NOT EXISTS \w+\s+WITH replication = \{[^}]*\}")
@@ -142,9 +142,11 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
         )
     except _FAILURES as exc:
         raise_if_denied(exc, session, f"applying the schema to keyspace {settings.keyspace!r}")
-        again = (" Every statement is safe to run twice: once the nodes answer again, `scheduler schema apply` "
-                 "finishes what is missing." if isinstance(exc, _TRANSIENT) else "")
-        raise StoreError(f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}.{again}") from exc
+        failed = f"applying the schema to keyspace {settings.keyspace!r} failed: {exc}."
+        if isinstance(exc, _TRANSIENT):
+            raise StoreUnavailable(f"{failed} Every statement is safe to run twice: once every node is up, "
+                                   "`scheduler schema apply` finishes what is missing.") from exc
+        raise StoreError(failed) from exc
     if not row.applied and int(row.value) != settings.shard_count:
         raise SchemaConflict(
             f"keyspace {settings.keyspace!r} was created with {row.value} shards, not {settings.shard_count}. "
@@ -183,20 +185,25 @@ class _Asker:
         self.profile = session.execution_profile_clone_update(EXEC_PROFILE_DEFAULT,
                                                               retry_policy=FallthroughRetryPolicy())
         self.host: Host | None = None
+        self.unsettled = False
+        """Whether the last change was not seen on every node when it returned (the
+        driver waits 10 s for that, then goes on): the next statement stays on its node."""
 
     def __call__(self, statement: str, values: tuple[object, ...] | None = None) -> Any:
         deadline = self.clock() + PATIENCE_S
         may_have_reached = False  # once it may have, it is asked only of that node
         attempt = 0
         while True:
-            if not may_have_reached and not _serves(self.session, self.host):
+            if not (may_have_reached or self.unsettled) and not _serves(self.session, self.host):
                 self.host = _coordinator(self.session)
             try:
                 if self.host is None:
                     raise NoHostAvailable("no Cassandra node has an open connection for now", {})
                 timeout = min(STATEMENT_TIMEOUT_S, max(deadline - self.clock(), 1.0))
-                return self.session.execute(statement, values, timeout=timeout, host=self.host,
-                                            execution_profile=self.profile)
+                result = self.session.execute(statement, values, timeout=timeout, host=self.host,
+                                              execution_profile=self.profile)
+                self.unsettled = not getattr(getattr(result, "response_future", None), "is_schema_agreed", True)
+                return result
             except _TRANSIENT as exc:
                 may_have_reached = may_have_reached or not isinstance(exc, NoHostAvailable)
                 delay = RETRY_DELAYS_S[min(attempt, len(RETRY_DELAYS_S) - 1)]

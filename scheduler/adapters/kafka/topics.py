@@ -55,6 +55,11 @@ _NO_LEADER_YET = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
     KafkaError.REPLICA_NOT_AVAILABLE,
     KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader whose high watermark has not caught up
+    # The client's metadata names no leader (-1) for the partition: librdkafka answers
+    # this without asking a broker. Only partitions just listed are asked, so it is no
+    # partition that does not exist.
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,  # a broker whose metadata is behind the one that listed it
 })
 METADATA_REFRESH_S = 2.0
 """The longest a fresh ask for a topic's leaders may take between two asks for a
