@@ -155,19 +155,10 @@ def apply(connection: CassandraConnection, settings: CassandraSettings) -> Appli
     return AppliedSchema(settings.keyspace, len(statements), settings.shard_count, bool(row.applied))
 
 
-def _serves(session: Session, host: Host | None) -> bool:
-    """Whether the driver holds `host` up with an open connection to it."""
-    if host is None or not host.is_up:
-        return False
-    return bool(session.get_pool_state().get(host, {}).get("open_count", 0))
-
-
-def _coordinator(session: Session) -> Host | None:
-    """A node the driver has an open connection to, the same one while it has (None if
-    there is none for now). `is_up` alone is not enough: a node found in `system.peers`
-    is held up before any connection to it was made."""
-    open_hosts = [host for host in session.get_pool_state() if _serves(session, host)]
-    return min(open_hosts, key=lambda host: str(host.endpoint)) if open_hosts else None
+def _open_hosts(session: Session) -> set[Host]:
+    """The nodes the driver holds up and has an open connection to. `is_up` alone is not
+    enough: a node found in `system.peers` is held up before any connection to it was made."""
+    return {host for host, state in session.get_pool_state().items() if host.is_up and state.get("open_count", 0)}
 
 
 class _Asker:
@@ -194,8 +185,9 @@ class _Asker:
         may_have_reached = False  # once it may have, it is asked only of that node
         attempt = 0
         while True:
-            if not (may_have_reached or self.unsettled) and not _serves(self.session, self.host):
-                self.host = _coordinator(self.session)
+            if not (may_have_reached or self.unsettled) and self.host not in (hosts := _open_hosts(self.session)):
+                # Any node with an open connection; the same one from then on while it has.
+                self.host = min(hosts, key=lambda host: str(host.endpoint), default=None)
             try:
                 if self.host is None:
                     raise NoHostAvailable("no Cassandra node has an open connection for now", {})

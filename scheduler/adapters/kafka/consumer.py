@@ -60,7 +60,7 @@ from confluent_kafka import (
 
 from scheduler.adapters.kafka.errors import ClientErrors
 from scheduler.adapters.kafka.security import access_denied, client_config, refusal
-from scheduler.adapters.kafka.topics import LEADER_PATIENCE_S, list_topics, watermark_offsets
+from scheduler.adapters.kafka.topics import leader_deadline_from_now, list_topics, watermark_offsets
 from scheduler.errors import ConfigError, QueueError
 from scheduler.ports import Delivery, TopicPartition
 from scheduler.settings import KafkaSettings
@@ -399,7 +399,7 @@ class KafkaTopicScanner:
             return []
         ends: dict[int, int] = {}
         starts: list[KafkaPartition] = []
-        leader_deadline = time.monotonic() + max(self.settings.connect_timeout_s, LEADER_PATIENCE_S)
+        leader_deadline = leader_deadline_from_now(self.settings)  # one for all its partitions
         for number in sorted(metadata.partitions):
             low, high = watermark_offsets(consumer, self.settings, topic, number, leader_deadline=leader_deadline)
             if limit is not None:

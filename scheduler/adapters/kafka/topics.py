@@ -209,6 +209,12 @@ def list_topics(client: Any, settings: KafkaSettings, timeout_s: float | None = 
                 raise unavailable(settings, timeout, exc) from exc
 
 
+def leader_deadline_from_now(settings: KafkaSettings) -> float:
+    """The `time.monotonic()` until which `watermark_offsets` waits out partitions
+    without a leader: `LEADER_PATIENCE_S` from now, never less than the connect timeout."""
+    return time.monotonic() + max(settings.connect_timeout_s, LEADER_PATIENCE_S)
+
+
 def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partition: int, *,
                       leader_deadline: float | None = None) -> tuple[int, int]:
     """The (low, high) watermarks of one partition, asked of its leader.
@@ -223,7 +229,7 @@ def watermark_offsets(consumer: Any, settings: KafkaSettings, topic: str, partit
     `QueueUnavailable`."""
     started = time.monotonic()
     if leader_deadline is None:
-        leader_deadline = started + max(settings.connect_timeout_s, LEADER_PATIENCE_S)
+        leader_deadline = leader_deadline_from_now(settings)
     while True:
         try:
             low, high = consumer.get_watermark_offsets(
