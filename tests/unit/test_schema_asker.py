@@ -57,6 +57,20 @@ def asker(session: ScriptedSession, sleep: Any = lambda _seconds: None, clock: A
     return schema._Asker(session, sleep=sleep, clock=clock)
 
 
+@dataclass
+class Reconnects:
+    """A wait (the asker's `sleep`) during which `node` has no open connection until the
+    `after_waits`-th wait, when the driver has reconnected to it."""
+
+    node: Node
+    after_waits: int
+    waits: int = 0
+
+    def __call__(self, _seconds: float) -> None:
+        self.waits += 1
+        self.node.open = self.waits >= self.after_waits
+
+
 def timeout() -> OperationTimedOut:
     return OperationTimedOut("Client request timeout")
 
@@ -72,16 +86,10 @@ def test_a_node_that_went_away_after_a_timeout_is_waited_for_not_replaced() -> N
     a, b = Node("10.0.0.1:9042"), Node("10.0.0.2:9042")
     script = iter([ConnectionException("Connection defunct by heartbeat"), "done"])
     session = ScriptedSession([a, b], script)
-    waits = 0
-
-    def down_for_three_waits(_seconds: float) -> None:
-        nonlocal waits
-        waits += 1
-        a.open = waits >= 3
-
-    ask = asker(session, sleep=down_for_three_waits)
+    wait = Reconnects(a, after_waits=3)
+    ask = asker(session, sleep=wait)
     assert ask("CREATE TABLE IF NOT EXISTS k.t (a int PRIMARY KEY)") == "done"
-    assert waits == 3
+    assert wait.waits == 3
     assert session.asked == ["10.0.0.1:9042", "10.0.0.1:9042"]  # never 10.0.0.2
 
 
@@ -112,14 +120,7 @@ def test_after_a_change_not_yet_on_every_node_the_next_statement_waits_for_its_n
     refused there as a table it does not know."""
     a, b = Node("10.0.0.1:9042"), Node("10.0.0.2:9042")
     session = ScriptedSession([a, b], iter([Answer(Future(is_schema_agreed=False)), "altered"]))
-    waits = 0
-
-    def a_back_after_two_waits(_seconds: float) -> None:
-        nonlocal waits
-        waits += 1
-        a.open = waits >= 2
-
-    ask = asker(session, sleep=a_back_after_two_waits)
+    ask = asker(session, sleep=Reconnects(a, after_waits=2))
     ask("CREATE TABLE IF NOT EXISTS k.t (a int PRIMARY KEY)")
     a.open = False
     assert ask("ALTER TABLE k.t ADD IF NOT EXISTS b int") == "altered"
