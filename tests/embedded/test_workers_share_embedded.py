@@ -24,11 +24,18 @@ from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.model import Priority, Task, TaskId, decode_message, encode_message, encode_payload
 from scheduler.ports import TaskStatus
 from scheduler.settings import KafkaSettings
+from scheduler.worker.context import CLAIM_S
 from tests.dispatchers import Fleet
 from tests.support import wait_until
-from tests.workers import Workers
+from tests.workers import SESSION_TIMEOUT_S, Workers
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
+
+AFTER_A_KILL_S = CLAIM_S + 5.0 + SESSION_TIMEOUT_S + 30.0
+"""How long the work may take to finish after a worker is killed. b may die between
+claiming an effect and marking it done: its claim then holds for `CLAIM_S` + 5 s (the
+`sms` handler has no timeout), and a runs that effect only after it lapses, as the
+design says ("delays the effect by the claim time"). Plus b's session, and a's work."""
 
 KAFKA = KafkaSettings()
 TOPIC = KAFKA.ready_topic("normal")
@@ -148,7 +155,7 @@ def test_when_a_worker_is_killed_the_other_takes_its_partitions_and_finishes_the
     left_in_b_partitions = [t for t, p in partition_of.items() if p in b_partitions and t not in ran_by_b]
     assert left_in_b_partitions, "worker b had finished its share before the kill: not mid-work"
 
-    wait_done(deployment, tasks, timeout_s=60)
+    wait_done(deployment, tasks, timeout_s=AFTER_A_KILL_S)
     wait_until(lambda: deployment.committed() == len(tasks), timeout_s=30, what="every message committed")
     runs, effects = sink.runs(), Counter(effect[0] for effect in sink.effects())
     sink.close()
