@@ -44,6 +44,7 @@ from scheduler.ports.tasks import (
     TaskStore,
     hand_over,
     refusal_to_cancel,
+    report_order,
 )
 from scheduler.ports.workers import Consumer, Delivery, EffectClaim, EffectLedger, TopicPartition, TopicScanner
 from scheduler.ports.workflows import WHOLE, Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState, WorkflowStore
@@ -90,4 +91,5 @@ __all__ = [
     "WorkflowStore",
     "hand_over",
     "refusal_to_cancel",
+    "report_order",
 ]

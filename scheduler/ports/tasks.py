@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from scheduler.model import Partition, Task, TaskId
+from scheduler.model import MAX_ATTEMPTS_LIMIT, Partition, Task, TaskId
 
 
 class TaskStatus(enum.Enum):
@@ -36,8 +36,7 @@ class TaskStatus(enum.Enum):
     @property
     def rank(self) -> int:
         """Order of reports within one attempt: a later phase wins over an earlier one.
-        A cancel outranks `running` and `failed` (the attempt's own late reports do not
-        undo it) but not `done` or `dead`: what has finished stays finished."""
+        See `report_order` for the order across attempts."""
         return _RANKS[self]
 
 
@@ -49,6 +48,29 @@ _RANKS = {
     TaskStatus.DONE: 4,
     TaskStatus.DEAD: 5,
 }
+
+FINAL_SLOT = MAX_ATTEMPTS_LIMIT + 1
+"""The place of the finished states in `report_order`: above every attempt."""
+
+ORDER_LIMIT = FINAL_SLOT * 8 + 8
+"""Every `report_order` is below this (814: a Cassandra status timestamp stays within a
+millisecond of its task's time)."""
+
+
+def report_order(attempt: int, status: TaskStatus) -> int:
+    """Where a report stands in the order that decides a home row's status: the report
+    of the greatest order wins, whatever order the reports are written in.
+
+    `running` and `failed` order by attempt, then phase: a stale attempt's late report
+    never overwrites a newer attempt's. `cancelled`, `done` and `dead` stand above every
+    attempt, in that order. So a cancel outranks every attempt of its task, including
+    one that was starting while the cancel was written and reports only afterwards (its
+    `running` and `failed`, at an attempt the cancel did not know of, do not undo it,
+    and the retry after them finds the task cancelled); and what has finished stays
+    finished: an attempt that was already running when the cancel came and then
+    succeeds shows `done`, since it did run. A cancel never stops a running attempt,
+    and `scheduler.cancels` keeps any attempt from *starting* once a cancel answered."""
+    return (FINAL_SLOT if status.finished else attempt) * 8 + _RANKS[status]
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +324,10 @@ class TaskStore(Protocol):
     def record_status(self, reports: Sequence[StatusReport]) -> None:
         """Record status reports on the tasks' home rows.
 
-        A report replaces the stored status only when `(attempt, status.rank)` is at
-        least the stored one's, so a stale attempt's late report never overwrites a newer
-        attempt's, and `running` never overwrites `done` of the same attempt. No
+        A report replaces the stored status only when its `report_order` is at least the
+        stored one's, so a stale attempt's late report never overwrites a newer
+        attempt's, nothing but `done` or `dead` overwrites a cancel, and nothing
+        overwrites what has finished. `cancel` writes by the same order. No
         per-report conditional write: the order is kept by write timestamps (Cassandra)
         or by the comparison inside the update (SQLite).
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from scheduler.errors import QueueError, SchedulerError
 from scheduler.model import MESSAGE_ID_SLICE, Task
-from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore
+from scheduler.ports import Delivery, Handoff, Publisher, StatusReport, TaskStatus, TaskStore, report_order
 from scheduler.workflows.engine import StepEnd
 
 log = logging.getLogger(__name__)
@@ -251,11 +251,11 @@ class Settler:
 
 
 def coalesce(reports: Sequence[StatusReport]) -> list[StatusReport]:
-    """One report per task: the one the store would keep, by `(attempt, status.rank)`."""
+    """One report per task: the one the store would keep, by `report_order`."""
     best: dict[object, StatusReport] = {}
     for report in reports:
         held = best.get(report.task_id)
-        if held is None or (report.attempt, report.status.rank) >= (held.attempt, held.status.rank):
+        if held is None or report_order(report.attempt, report.status) >= report_order(held.attempt, held.status):
             best[report.task_id] = report
     return list(best.values())
 

@@ -174,14 +174,29 @@ def test_a_stale_attempts_report_never_overwrites_a_newer_one(store: TaskStore) 
         assert found is not None
         return found.status, found.status_attempt
 
-    report(2, TaskStatus.RUNNING)
-    report(1, TaskStatus.DONE)  # attempt 1 finishing late
-    assert status() == (TaskStatus.RUNNING, 2)
-    report(2, TaskStatus.DONE)
-    report(2, TaskStatus.RUNNING)  # a duplicate delivery of attempt 2 starting again
-    assert status() == (TaskStatus.DONE, 2)
     report(3, TaskStatus.RUNNING)
+    report(2, TaskStatus.FAILED)  # attempt 2 failing late
+    report(1, TaskStatus.RUNNING)
     assert status() == (TaskStatus.RUNNING, 3)
+    report(3, TaskStatus.FAILED)
+    report(3, TaskStatus.RUNNING)  # a duplicate delivery of attempt 3 starting again
+    assert status() == (TaskStatus.FAILED, 3)
+    report(4, TaskStatus.RUNNING)
+    assert status() == (TaskStatus.RUNNING, 4)
+
+
+def test_what_has_finished_stays_finished_whichever_attempt_reports_after(store: TaskStore) -> None:
+    """`done` and `dead` stand above every attempt (`report_order`): a copy of attempt 1
+    that succeeded late, while a retry of another copy's failure runs, ended the task;
+    the retry's reports do not make it look unfinished, and its check skips it."""
+    task = make_task()
+    store.insert([task])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.DONE)])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.FAILED), StatusReport(task.id, 3, TaskStatus.RUNNING)])
+    assert store.statuses([task.id]) == {task.id: HomeStatus(TaskStatus.DONE, 1)}
+    store.record_status([StatusReport(task.id, 3, TaskStatus.DEAD)])  # dead outranks done, as within an attempt
+    assert store.statuses([task.id]) == {task.id: HomeStatus(TaskStatus.DEAD, 3)}
 
 
 def test_a_report_for_a_missing_task_creates_nothing_readable(store: TaskStore) -> None:
@@ -275,6 +290,36 @@ def test_racing_first_advances_keep_the_furthest_cursor(store: TaskStore) -> Non
                        strict=True))
     assert answers[max(targets)] is True
     assert store.read_shard(30).fired_through_ms == max(targets)
+
+
+def test_a_cancel_outranks_every_later_attempt_whatever_the_order_of_the_writes(store: TaskStore) -> None:
+    """Attempt 1 failed and its retry (attempt 2) was starting when the cancel came: the
+    cancel knew of attempt 1 only. Attempt 2's `running` and `failed`, written after the
+    cancel, do not undo it, nor do a third attempt's; the retry's check reads `cancelled`."""
+    task = make_task(tenant="college")
+    store.insert([task])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED, "timeout")])
+
+    assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
+    store.record_status([StatusReport(task.id, 2, TaskStatus.RUNNING)])
+    store.record_status([StatusReport(task.id, 2, TaskStatus.FAILED, "timeout")])
+    store.record_status([StatusReport(task.id, 3, TaskStatus.RUNNING), StatusReport(task.id, 3, TaskStatus.FAILED)])
+
+    assert store.statuses([task.id])[task.id].status is TaskStatus.CANCELLED
+    found = store.get(task.id)
+    assert found is not None and found.status is TaskStatus.CANCELLED and found.error is None
+    assert store.cancel(task.id, "college") is CancelOutcome.ALREADY_CANCELLED
+
+
+def test_a_later_attempts_reports_written_before_the_cancel_are_outranked_too(store: TaskStore) -> None:
+    task = make_task(tenant="college")
+    store.insert([task])
+    store.record_status([StatusReport(task.id, 1, TaskStatus.FAILED), StatusReport(task.id, 2, TaskStatus.FAILED)])
+    assert store.cancel(task.id, "college") is CancelOutcome.CANCELLED
+    store.record_status([StatusReport(task.id, 3, TaskStatus.RUNNING)])
+    assert store.get(task.id).status is TaskStatus.CANCELLED  # type: ignore[union-attr]
+    store.record_status([StatusReport(task.id, 3, TaskStatus.DONE)])  # an attempt already running ran: done
+    assert store.get(task.id).status is TaskStatus.DONE  # type: ignore[union-attr]
 
 
 def test_a_cancel_gives_way_to_done_but_not_to_a_late_running(store: TaskStore) -> None:

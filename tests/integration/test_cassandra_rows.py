@@ -24,7 +24,8 @@ from scheduler.adapters.cassandra.store import (
 )
 from scheduler.errors import StoreError
 from scheduler.model import MAX_ATTEMPTS_LIMIT, MAX_COST, Priority, TaskId, from_ms, minute_bucket
-from scheduler.ports import InsertFailure, StatusReport, TaskStatus
+from scheduler.ports import InsertFailure, StatusReport, TaskStatus, report_order
+from scheduler.ports.tasks import ORDER_LIMIT
 from scheduler.settings import CassandraSettings
 from tests.tasks import NINE_OCLOCK_MS, make_task
 
@@ -167,7 +168,8 @@ def test_a_status_statement_of_another_layout_is_refused(
     status=st.sampled_from(TaskStatus),
 )
 def test_status_write_timestamp_is_the_documented_formula(run_at_ms: int, attempt: int, status: TaskStatus) -> None:
-    """The fast form (ranks by the status's value) gives what `run_at * 1000 + attempt * 8
-    + status.rank` gives."""
+    """The fast form (orders by the status's value) gives what `run_at * 1000 +
+    report_order(attempt, status)` gives, within the task's millisecond."""
     task_id = TaskId.new(run_at_ms)
-    assert status_write_timestamp_us(task_id, attempt, status) == run_at_ms * 1000 + attempt * 8 + status.rank
+    assert status_write_timestamp_us(task_id, attempt, status) == run_at_ms * 1000 + report_order(attempt, status)
+    assert 0 <= report_order(attempt, status) < ORDER_LIMIT <= 1000

@@ -18,8 +18,9 @@ Fenced writes are lightweight transactions, one per call, never one per task:
 A never-written column is null and null compares false, hence the second forms.
 
 Status reports are plain writes whose write timestamp is derived from the report,
-`status_write_timestamp_us`, so the cell with the newest (attempt, phase) wins whatever
-order the writes arrive in, with no read and no transaction per report. The report's
+`status_write_timestamp_us`, so the cell of the greatest `report_order` wins whatever
+order the writes arrive in, with no read and no transaction per report: a cancel (and
+`done`, `dead`) above every attempt, other reports by attempt, then phase. The report's
 error is written in the same statement, so with the same timestamp: it is replaced
 exactly when the status is. "No error" is written as '' rather than null (a null would
 be a tombstone per report) and read back as None. Two reports of the same attempt and
@@ -93,6 +94,7 @@ from scheduler.ports import (
     TaskStatus,
     hand_over,
     refusal_to_cancel,
+    report_order,
 )
 from scheduler.settings import CassandraSettings
 
@@ -133,14 +135,18 @@ def bounded_error(error: str | None) -> str | None:
 
 
 def status_write_timestamp_us(task_id: TaskId, attempt: int, status: TaskStatus) -> int:
-    """The write timestamp of a status report: the task's own time in µs plus
-    `attempt * 8 + rank`, so reports order by attempt, then by phase, and stay within a
-    millisecond of the task's time (attempts are at most `MAX_ATTEMPTS_LIMIT`)."""
-    return task_id.run_at_ms * 1000 + attempt * 8 + _RANKS_BY_VALUE[status._value_]
+    """The write timestamp of a status report: the task's own time in µs plus the
+    report's `report_order`, so the cell of the greatest order wins whatever order the
+    writes arrive in, and stays within a millisecond of the task's time (every order is
+    below `ORDER_LIMIT`)."""
+    value = status._value_
+    final = _FINAL_ORDERS_BY_VALUE.get(value)
+    return task_id.run_at_ms * 1000 + (attempt * 8 + _RANKS_BY_VALUE[value] if final is None else final)
 
 
 _RANKS_BY_VALUE = {status.value: status.rank for status in TaskStatus}
-"""`TaskStatus.rank` by the status's value, for `status_write_timestamp_us` on the
+_FINAL_ORDERS_BY_VALUE = {status.value: report_order(0, status) for status in TaskStatus if status.finished}
+"""`report_order` by the status's value, for `status_write_timestamp_us` on the
 settler's hot path: `status.rank` looks the member up in a dict, and an enum member's
 hash is a Python-level call (a third of the function's time); a str's is not."""
 
@@ -463,7 +469,7 @@ class CassandraTaskStore:
         assert found is not None  # a missing task is refused above
         self._execute(self._cancel_batch(found))
         # The read and the write are not one step: a `done` reported in between outranks
-        # the cancel (see TaskStatus.rank). Read again to answer what the row now says.
+        # the cancel (see report_order). Read again to answer what the row now says.
         after = self.get(task_id)
         if after is not None and after.status.finished and after.status is not TaskStatus.CANCELLED:
             return CancelOutcome.FINISHED

@@ -67,7 +67,9 @@ from scheduler.ports import (
     TaskStatus,
     hand_over,
     refusal_to_cancel,
+    report_order,
 )
+from scheduler.ports.tasks import FINAL_SLOT
 from scheduler.retention import DEFAULT_RETENTION_S, check_retention
 
 SCHEMA = """
@@ -149,8 +151,13 @@ _STATUS_UPDATE = f"""
 UPDATE tasks SET status = ?, status_attempt = ?, status_rank = ?, last_error = ?,
     kept_until = max(COALESCE(kept_until, 0), ?)
 WHERE {_HOME_ROW}
-  AND (status_attempt IS NULL OR status_attempt < ? OR (status_attempt = ? AND status_rank <= ?))
+  AND (status_attempt IS NULL
+       OR (CASE WHEN status_rank >= {TaskStatus.CANCELLED.rank} THEN {FINAL_SLOT} ELSE status_attempt END) * 8
+          + status_rank <= ?)
 """
+"""A report replaces the row's status only if its `report_order` is at least the
+stored one's, computed here from the stored attempt and rank (the finished states, of
+rank `cancelled` and up, stand above every attempt)."""
 
 _PURGE_TASKS = """
 DELETE FROM tasks WHERE (minute_bucket, shard, run_at, task_id) IN (
@@ -445,7 +452,7 @@ class SqliteTaskStore:
                 # Kept past any retry the cancel stops (scheduler.retention.cancel_kept_s).
                 kept = self._kept_until(key[0], now, retention.cancel_kept_s(self._retention_s))
                 db.execute(_STATUS_UPDATE, (TaskStatus.CANCELLED.value, attempt, TaskStatus.CANCELLED.rank, None, kept,
-                                            *key, attempt, attempt, TaskStatus.CANCELLED.rank))
+                                            *key, report_order(attempt, TaskStatus.CANCELLED)))
             if cancels.may_be_in_flight(task_id.run_at_ms, now):  # in the same transaction as the status
                 db.execute("INSERT INTO cancel_marks VALUES (?, ?, 1) ON CONFLICT (shard) DO UPDATE "
                            "SET at = max(at, excluded.at), n = n + 1", (task_id.shard(self._shard_count), now))
@@ -461,7 +468,7 @@ class SqliteTaskStore:
         for report in reports:
             key = self._locate(report.task_id)
             rows.append((report.status.value, report.attempt, report.status.rank, bounded_error(report.error),
-                         self._kept_until(key[0], now_ms), *key, report.attempt, report.attempt, report.status.rank))
+                         self._kept_until(key[0], now_ms), *key, report_order(report.attempt, report.status)))
         records = [(f'$."{report.attempt}"', report.record, *self._locate(report.task_id))
                    for report in reports if report.record is not None]
         with self._transaction() as db:
