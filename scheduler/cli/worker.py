@@ -39,8 +39,9 @@ from scheduler.worker.runtime import CHECKS
               envvar="SCHEDULER_WORKER_CHECK", show_envvar=True,
               help="Which messages are checked against their task's stored status before running: "
                    "suspect (those that can be repeats: retries, backlog, just after a rebalance), always, "
-                   "never. Cancels are honoured whatever this says (a cancel's shard mark makes its messages "
-                   "checked).")
+                   "never. Cancels are honoured whatever this says: a message of a task whose shard had a cancel "
+                   "since a few minutes before the task was first due (any attempt of it) is checked, and started "
+                   "only once that check answered; a failed check is tried again, never skipped.")
 @click.option("--stats-file", "stats_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Keep a JSON document of this worker's counters here (rewritten every second).")
 @metrics_options

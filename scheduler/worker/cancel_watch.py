@@ -73,6 +73,12 @@ class CancelWatch:
         read_from = self._read_from
         return read_from is not None and self._monotonic() - read_from <= self._max_age_s
 
+    def allows(self, shard: int, seen: int) -> bool:
+        """Whether a job placed when its shard's count was `seen` may start now: the copy
+        is fresh and the count has not moved. Asked at the very moment a handler would
+        begin, from any thread (`scheduler.cancels` gives the argument)."""
+        return self.fresh() and self.marks.counts.get(shard, 0) == seen
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.read_once()

@@ -13,7 +13,12 @@ threads costs more than the handler. If the worker stops while a chunk runs, the
 whose turn has not come are reported `skipped`: never run, never settled, so they are
 delivered again to the next owner.
 
-Timeouts. An `async` handler past its timeout is cancelled (`asyncio.wait_for`) and
+Starts. However long after the main loop's decision a handler's turn comes (behind a
+slow job of its chunk, on an event loop another handler blocks, after a step's check),
+`may_start` is asked at that moment, on the handler's own thread, and a job it refuses
+is not run but handed back (`Finished.recheck`): `scheduler.cancels` gives the rule.
+
+Timeouts. An `async` handler past its timeout is cancelled (`asyncio.timeout`) and
 reports the `TimeoutError` itself. A plain handler cannot be stopped from outside its
 thread: past its timeout (`expire`) the attempt is settled as failed (and retried), the
 thread's eventual result is ignored, and its slot stays taken until it returns, so a
@@ -56,17 +61,13 @@ from scheduler.workflows.engine import Workflows
 log = logging.getLogger("scheduler.worker.runtime")  # the worker logs under one name, whichever part writes
 
 RUNNING_REPORT_AFTER_S = 1.0
-"""How long a first attempt runs before its `running` status is written. Most attempts
-end sooner and write only how they ended: one status write instead of two, which is
-where most of the store's work per task went. `get` shows such an attempt as not yet
-started until then (the counts of `scheduler status` are the worker's own, and the
-store orders reports by attempt and phase whether or not `running` was written).
-
-A later attempt reports `running` as it starts, as before: its home row knows of it
-only through its reports (the retry is another row), and a cancel is written at the
-newest attempt the home row knows of. Without the report, a cancel during the attempt
-would be written at the attempt before, and the attempt's own `failed` would outrank
-it and let the next attempt run. 0 writes `running` at every start."""
+"""How long an attempt runs before its `running` status is written. Most attempts end
+sooner and write only how they ended: one status write instead of two, which is where
+most of the store's work per task went. `get` shows such an attempt as not yet started
+(or, for a retry, as its previous attempt's `failed`) until then (the counts of
+`scheduler status` are the worker's own, and the store orders reports by
+`report_order` whether or not `running` was written: a cancel outranks every attempt,
+reported or not). 0 writes `running` at every start."""
 
 CHUNK_BELOW_S = 0.001
 """Plain handlers of a type whose recent runs averaged less than this are started in
@@ -87,6 +88,9 @@ class Finished:
     """The last job of its chunk (or a job run alone): its thread is free again."""
     skipped: bool = False
     """Not run: the worker was stopping before the job's turn in its chunk came."""
+    recheck: bool = False
+    """Not run: when its turn came, `may_start` said no (a cancel may concern it); it
+    goes back through the home-row check."""
     duration_s: float | None = None
     result: bytes | None = None
     """A workflow step's result, encoded (`scheduler.workflows.steps`); None otherwise."""
@@ -97,8 +101,13 @@ class Execution:
                  settle: Callable[[Plan], None], stop: threading.Event,
                  on_started: Callable[[Job], None] | None = None,
                  clock_ms: Callable[[], int] = wall_clock_ms, workflows: Workflows | None = None,
-                 running_report_after_s: float = RUNNING_REPORT_AFTER_S) -> None:
+                 running_report_after_s: float = RUNNING_REPORT_AFTER_S,
+                 may_start: Callable[[Job], bool] | None = None) -> None:
         self._stats = stats
+        self._may_start = may_start
+        """Asked on the handler's own thread (or the event loop) at the moment its handler
+        would begin, after everything else that comes first: whether it may still start
+        (`scheduler.cancels`). None: always."""
         self._running_report_after_s = running_report_after_s
         self._unreported: deque[Job] = deque()
         """Started jobs in start order whose `running` report is not yet due
@@ -156,7 +165,7 @@ class Execution:
             self.running[job] = None
             if self._on_started is not None:
                 self._on_started(job)
-            if self._running_report_after_s <= 0 or task.attempt > 1:
+            if self._running_report_after_s <= 0:
                 self._settle(Plan(None, report=running_report(task)))
             else:
                 self._unreported.append(job)
@@ -203,8 +212,10 @@ class Execution:
                 continue
             job.finished = True
             del self.running[job]
-            if finished.skipped:
+            if finished.skipped or finished.recheck:
                 self._stats.started -= 1
+                if self.visible is not None:
+                    self.visible.unstarted(job)
                 yield finished
                 continue
             if finished.duration_s is not None:
@@ -233,7 +244,7 @@ class Execution:
         now = time.monotonic()
         for job in [job for job in self.running if job.deadline is not None and now > job.deadline]:
             if job.handler.is_async:
-                continue  # wait_for cancels it and reports the timeout itself
+                continue  # asyncio.timeout cancels it and it reports the timeout itself
             job.finished = True
             del self.running[job]
             self.zombies += 1
@@ -266,6 +277,8 @@ class Execution:
                 start = steps.before(context.workflow.workflows, job.message.task)
                 if start.done:  # the member ended before (its message is delivered again)
                     return Finished(job, None, context=context, frees_slot=frees_slot, result=start.result)
+            if self._may_start is not None and not self._may_start(job):
+                return Finished(job, None, frees_slot=frees_slot, recheck=True)
             result = job.handler.function(context, payload)
             if inspect.isawaitable(result):  # an async handler behind a plain wrapper
                 result = asyncio.run(_awaited(result))
@@ -286,13 +299,18 @@ class Execution:
         encoded = None
         try:
             if context.workflow is not None:
-                start = await asyncio.to_thread(steps.before, context.workflow.workflows, job.message.task)
+                start = await steps.before_async(context.workflow.workflows, job.message.task)
                 if start.done:
                     self._completions.put(Finished(job, None, context=context, result=start.result))
                     return
-            coroutine = job.handler.function(context, payload)
-            timeout = job.handler.policy.timeout_s
-            result = await (asyncio.wait_for(coroutine, timeout) if timeout is not None else coroutine)
+            if self._may_start is not None and not self._may_start(job):
+                self._completions.put(Finished(job, None, recheck=True))
+                return
+            # Awaited here, not through `wait_for`: that would make the handler a task of
+            # its own, begun only on a later turn of the loop, which a handler blocking
+            # the loop can delay past what `may_start` answered for.
+            async with asyncio.timeout(job.handler.policy.timeout_s):
+                result = await job.handler.function(context, payload)
             if context.workflow is not None:
                 encoded = steps.encode_result(result)
         except BaseException as exc:

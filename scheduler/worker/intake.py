@@ -28,11 +28,13 @@ runs unchecked: a repeat is allowed, a stall is not. Which messages are checked 
 
 Cancels are definite whatever `check` says (`scheduler.cancels`): a `CancelWatch`
 keeps the store's cancel marks, read every 200 ms. A message whose shard was marked
-within a few minutes of its task's time is checked before it is placed, and the check
-is then required (if it fails it is tried again, never skipped); a placed message whose
-shard's mark moved since is checked again before it starts (`next_chunk` sets it aside
-for `recheck`); and nothing starts while the copy of the marks is older than
-`cancels.MAX_AGE_MS` (the main loop's `Worker._start_ready`).
+since a few minutes before its task's first time (the home row's, which a retry or a
+deferred copy shares) is checked before it is placed, and the check is then required
+(if it fails it is tried again, never skipped); a placed message whose shard's mark
+moved since is checked again before it starts (`next_chunk` sets it aside for
+`recheck`, and so does the handler's own thread if the count moved, or the copy grew
+old, by the moment the handler would begin: `Execution`'s `may_start`); and nothing
+starts while the copy of the marks is older than `cancels.MAX_AGE_MS`.
 
 Repeats held here. A message of an attempt this worker already holds (buffered or
 running: after a rebalance hands back a partition whose messages were in flight, or a
@@ -198,7 +200,7 @@ class Intake:
         for delivery, message in decoded:
             self._fences.note(message)
             task = message.task
-            if cancels.needs_check(marks.at.get(task.id.shard(shard_count)), task.run_at_ms):
+            if cancels.needs_check(marks.at.get(task.id.shard(shard_count)), task.id.run_at_ms):
                 self._stats.cancel_checks += 1
                 required = True
                 suspects.append(task.id)

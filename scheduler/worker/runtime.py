@@ -190,7 +190,8 @@ class Worker:
         self._execution = Execution(self.stats, concurrency=config.concurrency, member=config.member, ledger=ledger,
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started,
                                     clock_ms=clock_ms, workflows=self.workflows,
-                                    running_report_after_s=config.running_report_after_s)
+                                    running_report_after_s=config.running_report_after_s,
+                                    may_start=lambda job: self.cancel_watch.allows(job.shard, job.mark_seen))
         self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.
@@ -340,7 +341,9 @@ class Worker:
 
     def _collect(self) -> None:
         for finished in self._execution.collect():
-            if finished.skipped:  # never run, never settled: delivered again to the next owner
+            if finished.recheck:  # not begun: a cancel may have come since it was placed
+                self._intake.recheck([finished.job])
+            elif finished.skipped:  # never run, never settled: delivered again to the next owner
                 self._intake.release(finished.job)
             else:
                 self._settle(finished.job, finished.error, finished.payload_error, finished.result)

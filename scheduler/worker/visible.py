@@ -50,6 +50,12 @@ class WorkerVisibility:
             task = job.message.task
             self.events.add("started", task.tenant, task.type)
 
+    def unstarted(self, job: Job) -> None:
+        """A job told `started` whose handler never began (`execution.Finished.skipped`
+        or `recheck`)."""
+        task = job.message.task
+        self.events.add("started", task.tenant, task.type, -1)
+
     def ended(self, event: str, task: Task) -> None:
         """`done`, `retried` or `dead`."""
         self.events.add(event, task.tenant, task.type)

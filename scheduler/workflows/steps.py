@@ -10,6 +10,7 @@ that is not a step is run as before, its return value ignored.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,14 +82,34 @@ def before(workflows: Workflows, task: Task, clock: Callable[[], float] = time.m
     """`StepCancelled` for a step of a cancelled workflow; otherwise what to do. Called
     just before the handler, on its thread. A check that took longer than `FRESH_S` is
     made again (after `CHECK_TRIES` slow ones, `CheckTooSlow`: the same attempt later)."""
+    return _verdict(task, _fresh_check(workflows, task, clock)[0])
+
+
+async def before_async(workflows: Workflows, task: Task, clock: Callable[[], float] = time.monotonic) -> StepStart:
+    """`before` for an `async` handler, its check run on a thread. The event loop may
+    resume this coroutine late (another handler blocking it), so the check is good only
+    if the coroutine resumed within `FRESH_S` of sending it; else it is made again
+    (after `CHECK_TRIES` late ones, `CheckTooSlow`)."""
+    for _ in range(CHECK_TRIES):
+        start, sent = await asyncio.to_thread(_fresh_check, workflows, task, clock)
+        if clock() - sent <= FRESH_S:
+            return _verdict(task, start)
+    raise CheckTooSlow(f"the workflow check of step {task.idempotency_key} resumed over {FRESH_S} s after it was "
+                       f"sent {CHECK_TRIES} times: the worker is too busy to start it safely")
+
+
+def _fresh_check(workflows: Workflows, task: Task, clock: Callable[[], float]) -> tuple[StepStart, float]:
+    """The step's start check, answered within `FRESH_S` of being sent, and when it was sent."""
     for _ in range(CHECK_TRIES):
         sent = clock()
         start = workflows.start_check(task)
         if clock() - sent <= FRESH_S:
-            break
-    else:
-        raise CheckTooSlow(f"the workflow check of step {task.idempotency_key} took over {FRESH_S} s {CHECK_TRIES} "
-                           "times: the store is too slow to start it safely")
+            return start, sent
+    raise CheckTooSlow(f"the workflow check of step {task.idempotency_key} took over {FRESH_S} s {CHECK_TRIES} "
+                       "times: the store is too slow to start it safely")
+
+
+def _verdict(task: Task, start: StepStart) -> StepStart:
     if start.cancelled:
         raise StepCancelled(f"workflow of step {task.idempotency_key} is cancelled")
     return start

@@ -76,7 +76,9 @@ class EmbeddedRig:
         self.publisher.flush(10)
 
     def start(self, app: App = apps.app, *, pool: str = "default", concurrency: int = 4, member: str = "w1",
-              **config: Any) -> Worker:
+              store: Any = None, **config: Any) -> Worker:
+        """A worker on a thread of its own; `store` (default: the rig's) is the one it
+        reads and reports to, e.g. one that holds its writes back."""
         topics = {name: KAFKA.ready_topic(name) for name in POOL_TOPICS[pool]}
         worker = Worker(
             app, WorkerConfig(member=member, pool=pool, topics=topics, dead_letter_topic=KAFKA.dead_letter_topic,
@@ -84,7 +86,7 @@ class EmbeddedRig:
             consumer_factory=lambda on_revoked: self.queue.consumer(
                 KAFKA.worker_group(pool), list(topics.values()), member=member, on_revoked=on_revoked,
                 session_timeout_s=2.0),
-            store=self.store, publisher=self.publisher,
+            store=self.store if store is None else store, publisher=self.publisher,
             handoff=LogHandoff(self.queue.handoff_log(self.store.shard_count), self.store.shard_count),
             ledger=self.ledger,
         )
@@ -117,6 +119,23 @@ class EmbeddedRig:
         self.sink.close()
         self.queue.close()
         self.store.close()
+
+
+class HeldReports:
+    """A store whose `record_status` waits until `release` is set (everything else is
+    the wrapped store's): it widens the moment between an attempt's start and its
+    reports, as a slow settler or store does."""
+
+    def __init__(self, store: SqliteTaskStore) -> None:
+        self._store = store
+        self.release = threading.Event()
+
+    def record_status(self, reports: Any) -> None:
+        assert self.release.wait(60), "reports held for a minute"
+        self._store.record_status(reports)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
 
 
 def later(item: Task, **changes: Any) -> Task:

@@ -12,14 +12,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from scheduler import cancels, handoff
 from scheduler.errors import StoreError
-from scheduler.model import Priority, decode_message
+from scheduler.model import Priority, Task, decode_message
 from scheduler.ports import CancelOutcome, Delivery, StatusReport, TaskStatus
 from scheduler.producer import Client
 from scheduler.worker import App, Context, RetryableError, dead_letters
 from scheduler.worker.context import TASK_KEY_PREFIX
-from tests.worker.rig import EmbeddedRig, task, wait_for
+from scheduler.worker.intake import CHECKS
+from tests.worker.rig import EmbeddedRig, HeldReports, task, wait_for
 
 
 def letters(rig: EmbeddedRig) -> list[dead_letters.DeadLetter]:
@@ -44,10 +47,10 @@ def test_a_redelivered_task_that_is_done_is_skipped_and_its_effect_not_repeated(
     wait_for(lambda: rig.home(item).status is TaskStatus.DONE)
     rig.fire([item], store=False)  # the same message again, e.g. from a re-fired cursor
     wait_for(lambda: first.stats.skipped_finished == 1, what="the repeat skipped")
-    # A repeat that races past the home-row check is stopped by the ledger instead.
+    # A later attempt's report does not make it look unfinished: what has finished stays so.
     rig.store.record_status([StatusReport(item.id, 2, TaskStatus.RUNNING)])
     rig.fire([item], store=False)
-    wait_for(lambda: first.stats.skipped_superseded == 1)
+    wait_for(lambda: first.stats.skipped_finished == 2)
     assert len(rig.sink.effects()) == 1
 
 
@@ -168,6 +171,28 @@ def test_a_task_cancelled_while_it_waits_in_the_workers_buffer_is_checked_again_
     assert worker.stats.cancel_rechecks >= 1 and worker.stats.skipped_cancelled == 1
 
 
+def test_a_task_cancelled_while_a_slow_job_ahead_of_it_in_its_chunk_runs_never_starts(
+    rig: EmbeddedRig, tmp_path: Path
+) -> None:
+    """Fast handlers run in chunks on one thread; a slow outlier at the head of a chunk
+    holds the rest back past a cancel's return. The main loop decided their start before
+    the cancel; the handler's thread asks again when each one's turn comes."""
+    gate = tmp_path / "go"
+    worker = rig.start(concurrency=1, check="never")
+    wait_for(worker.cancel_watch.fresh, what="the first read of the marks")
+    worker._execution._durations["sms"] = 0.0  # measured fast, however busy the machine is: chunked
+    pair = rig.fire([task("sms", {"mode": "wait_for", "path": str(gate)}) for _ in range(2)])
+    (first,) = wait_for(lambda: [run[0] for run in rig.sink.runs()], what="the first of the chunk to start")
+    blocker, victim = sorted(pair, key=lambda t: str(t.id) != first)  # whichever began holds the other back
+    assert worker.stats.launches == 1 and worker.stats.started == 2, "not one chunk of two"
+    assert Client(rig.store, tenant="board").cancel(victim.id) is CancelOutcome.CANCELLED
+    gate.write_text("go")
+    wait_for(lambda: worker.stats.skipped_cancelled == 1, what="the victim skipped as cancelled")
+    assert rig.home(blocker).status is TaskStatus.DONE
+    assert str(victim.id) not in [run[0] for run in rig.sink.runs()]
+    assert worker.stats.started == 1 and worker.stats.cancel_rechecks >= 1
+
+
 def test_nothing_starts_while_the_cancel_marks_cannot_be_read(rig: EmbeddedRig) -> None:
     worker = rig.start()
     wait_for(worker.cancel_watch.fresh, what="the first read of the marks")
@@ -268,11 +293,11 @@ def test_an_attempt_still_running_past_the_report_delay_shows_running(rig: Embed
     wait_for(lambda: rig.home(item).status is TaskStatus.DONE, what="done")
 
 
-def test_a_cancel_while_a_retry_runs_holds_against_that_retrys_failure(rig: EmbeddedRig) -> None:
-    """A retry's home row knows of the retry only through its reports, and a cancel is
-    written at the newest attempt the row knows of: so a retry reports `running` as it
-    starts, and a cancel in its first second outranks its `failed`; the attempt after
-    it never runs."""
+def test_a_cancel_while_a_retry_is_starting_holds_against_that_retrys_reports(rig: EmbeddedRig) -> None:
+    """Attempt 2 starts; its reports are held back (a busy settler), so the cancel finds
+    the home row at attempt 1's `failed` and knows nothing of attempt 2. Attempt 2's
+    `running` and `failed`, written after the cancel, must not undo it: attempt 3 is
+    skipped as cancelled and the task stays cancelled."""
     release = threading.Event()
     started: list[int] = []
     app = App("retries")
@@ -286,20 +311,67 @@ def test_a_cancel_while_a_retry_runs_holds_against_that_retrys_failure(rig: Embe
     item = task("flaky")
     assert not rig.store.insert([item])  # attempt 1 ran and failed before this worker
     rig.store.record_status([StatusReport(item.id, 1, TaskStatus.FAILED, error="provider busy")])
-    worker = rig.start(app, running_report_after_s=60.0)
+    held = HeldReports(rig.store)
+    worker = rig.start(app, store=held, running_report_after_s=0.0)  # `running` at once, as slowly as the store goes
     rig.fire([replace(item, attempt=2, run_at_ms=item.run_at_ms + 10)])
     wait_for(lambda: started == [2], what="attempt 2 to start")
     try:
-        wait_for(lambda: rig.home(item).status is TaskStatus.RUNNING, what="attempt 2 reported running at once")
+        home = rig.home(item)
+        assert (home.status, home.status_attempt) == (TaskStatus.FAILED, 1), "attempt 2's report was not held"
         assert rig.store.cancel(item.id, item.tenant) is CancelOutcome.CANCELLED
     finally:
         release.set()
+        held.release.set()
     wait_for(lambda: any(t.attempt == 3 for t in handed_tasks(rig)), what="attempt 3 stored and handed off")
+    wait_for(lambda: worker._settler.stats.reports_written >= 2, what="attempt 2's running and failed written")
+    assert rig.home(item).status is TaskStatus.CANCELLED
     (third,) = [t for t in handed_tasks(rig) if t.attempt == 3]
     rig.fire([third], store=False)
     wait_for(lambda: worker.stats.skipped_cancelled == 1, what="attempt 3 skipped as cancelled")
     assert started == [2]
     assert rig.home(item).status is TaskStatus.CANCELLED
+
+
+def cancelled_retry(rig: EmbeddedRig, delay_ms: int) -> Task:
+    """A task whose attempt 1 failed, cancelled now, and the copy of its attempt 2 due
+    `delay_ms` from now (later than `cancels.REACH_MS`: no wheel held it when the cancel
+    came), as a dispatcher fires it once due: the copy's own row never holds the cancel."""
+    item = task("sms", {"effect": "after-cancel"})
+    assert not rig.store.insert([item])
+    rig.store.record_status([StatusReport(item.id, 1, TaskStatus.FAILED, error="provider busy")])
+    assert rig.store.cancel(item.id, item.tenant) is CancelOutcome.CANCELLED
+    return replace(item, attempt=2, run_at_ms=item.run_at_ms + delay_ms)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_a_retry_due_long_after_its_cancel_is_checked_whatever_check_says(rig: EmbeddedRig, check: str) -> None:
+    retry = cancelled_retry(rig, cancels.REACH_MS + 60_000)
+    (kept,) = rig.fire([task("sms")])
+    worker = rig.start(check=check)
+    rig.fire([retry], store=False)
+    wait_for(lambda: rig.home(kept).status is TaskStatus.DONE and worker.stats.skipped_cancelled == 1,
+             what="the retry skipped as cancelled")
+    assert str(retry.id) not in [run[0] for run in rig.sink.runs()]
+    assert worker.stats.cancel_checks >= 1
+
+
+def test_a_retry_after_a_cancel_waits_for_a_failing_check_rather_than_run_unchecked(rig: EmbeddedRig) -> None:
+    retry = cancelled_retry(rig, 10 * 60_000)
+    real = rig.store.statuses
+    failures = {"left": 3}
+
+    def flaky(ids: Any) -> Any:
+        if failures["left"]:
+            failures["left"] -= 1
+            raise StoreError("the store is down")
+        return real(ids)
+
+    rig.store.statuses = flaky  # type: ignore[method-assign,assignment]
+    worker = rig.start()  # suspect: a retry is checked, and a failed check used to run it unchecked
+    rig.fire([retry], store=False)
+    wait_for(lambda: worker.stats.skipped_cancelled == 1, what="the retry skipped once the check answered")
+    assert failures["left"] == 0 and worker.stats.check_failures == 3
+    assert rig.sink.runs() == []
 
 
 def test_async_handlers_run_and_their_effects_are_recorded_once(rig: EmbeddedRig) -> None:
@@ -455,7 +527,7 @@ def test_a_copy_that_finds_the_effect_claimed_is_deferred_as_the_same_attempt(ri
     worker = rig.start()
     wait_for(lambda: worker.stats.deferred == 1 and handed_tasks(rig), what="the deferral")
     assert [(c.id, c.attempt) for c in handed_tasks(rig)] == [(item.id, 3)]
-    assert rig.home(item).status is TaskStatus.RUNNING  # not failed, not dead: the last attempt is not spent
+    assert rig.home(item).status not in (TaskStatus.FAILED, TaskStatus.DEAD)  # the last attempt is not spent
     assert worker.stats.dead == 0 and not letters(rig)
 
 
