@@ -28,7 +28,14 @@ from scheduler.ui.credentials import load
 from scheduler.ui.page import create_app
 from scheduler.ui.serving import PageServer
 from scheduler.ui.source import PageSource
-from tests.unit.test_status_page import SECRETS, credentials_file, login, page_token, park_a_dead_letter
+from tests.unit.test_status_page import (
+    SECRETS,
+    credentials_file,
+    letter_name,
+    login,
+    page_token,
+    park_a_dead_letter,
+)
 
 __all__ = ["credentials_file"]  # a fixture, used by name
 
@@ -47,7 +54,8 @@ class World:
         return create_app(self.source, credentials=None if credentials is None else load(credentials),
                           secure_cookie=secure_cookie)
 
-    def letter_of(self, task_id: TaskId) -> str:
+    def place_of(self, task_id: TaskId) -> str:
+        """Where the letter of `task_id` sits on the topic (`partition:offset`)."""
         (letter,) = [x.letter for x in self.source.dead_letters().waiting if x.task_id == task_id]
         return letter
 
@@ -90,7 +98,7 @@ def test_without_credentials_everything_is_seen_and_no_action_is_taken(world: Wo
     task_page = text(client, f"/task?id={world.acme_task}")
     assert 'id="cancel"' not in task_page and "--credentials" in task_page
 
-    replayed = client.post("/dead-letters/replay", data={"letter": world.letter_of(world.beta_dead), "token": ""})
+    replayed = client.post("/dead-letters/replay", data={"letter": letter_name(client, world.beta_dead), "token": ""})
     assert replayed.status_code == 403 and "--credentials" in replayed.get_data(as_text=True)
     cancelled = client.post("/task/cancel", data={"id": str(world.acme_task), "token": ""})
     assert cancelled.status_code == 403 and "--credentials" in cancelled.get_data(as_text=True)
@@ -109,7 +117,7 @@ def test_with_credentials_every_page_needs_a_login(world: World, credentials_fil
     for path in ("/live", "/api/status"):  # the page's script and scripts get 401, not a login form
         assert client.get(path).status_code == 401
     assert client.get("/healthz").status_code == 200 and client.get("/login").status_code == 200
-    letter = world.letter_of(world.beta_dead)
+    letter = world.place_of(world.beta_dead)
     assert client.post("/dead-letters/replay", data={"letter": letter, "token": ""}).status_code == 401
     assert client.post("/task/cancel", data={"id": str(world.beta_task), "token": ""}).status_code == 401
     assert len(world.source.dead_letters().waiting) == 2 and world.status(world.beta_task) is TaskStatus.SCHEDULED
@@ -263,16 +271,56 @@ def test_a_tenant_s_login_sees_only_its_tenant(world: World, credentials_file: P
     assert said and "mail" not in other.get_data(as_text=True)
 
 
+def test_a_tenant_s_login_sees_letter_names_that_say_nothing_of_other_tenants(
+        world: World, credentials_file: Path) -> None:
+    """One topic holds every tenant's letters: a letter's place on it (`partition:offset`)
+    would tell acme that beta's letter exists and died after its own. The page names a
+    letter by an id keyed by a secret of the page, so no place is shown to a tenant, and
+    the same letter is named differently by another page (nothing is computed from the
+    place alone)."""
+    places = {world.place_of(world.acme_dead), world.place_of(world.beta_dead)}
+    assert places == {"0:0", "0:1"}  # acme's died first, beta's after
+    app = world.app(credentials_file)
+    acme, beta, ops = app.test_client(), app.test_client(), app.test_client()
+    for client, name in ((acme, "acme-desk"), (beta, "beta-desk"), (ops, "ops")):
+        login(client, name)
+    html = text(acme, "/dead-letters")
+    shown = re.findall(r'<tr data-letter="([^"]+)"', html)
+    assert shown == [letter_name(acme, world.acme_dead)]
+    assert re.fullmatch(r"[0-9a-f]{16}", shown[0]), shown
+    for place in places:
+        assert f'"{place}"' not in html and f">{place}<" not in html, place
+    assert "data-place" not in html and "on the topic" not in html
+    again = world.app(credentials_file).test_client()
+    login(again, "acme-desk")
+    assert letter_name(again, world.acme_dead) != shown[0]
+
+    # An all-tenants login sees every letter's place too, to name it to `scheduler dlq`.
+    every = text(ops, "/dead-letters")
+    assert sorted(re.findall(r'data-place="([^"]+)"', every)) == sorted(places)
+    assert letter_name(ops, world.beta_dead) == letter_name(beta, world.beta_dead)
+
+
 def test_a_tenant_s_login_cannot_replay_or_cancel_another_tenant_s(world: World, credentials_file: Path) -> None:
-    client = world.app(credentials_file).test_client()
+    """Another tenant's letter, by its name on the page or its place on the topic, is not
+    found, exactly as a name never given is; nothing is replayed."""
+    app = world.app(credentials_file)
+    client, beta = app.test_client(), app.test_client()
     login(client, "acme-desk")
+    login(beta, "beta-desk")
     token = page_token(client)
-    beta_letter = world.letter_of(world.beta_dead)
-    replayed = client.post("/dead-letters/replay", data={"letter": beta_letter, "token": token})
-    assert replayed.status_code == 404
+    answers = []
+    for name in (letter_name(beta, world.beta_dead), world.place_of(world.beta_dead), "0" * 16):
+        replayed = client.post("/dead-letters/replay", data={"letter": name, "token": token})
+        assert replayed.status_code == 303
+        page = text(client, replayed.headers["Location"]).replace(name, "NAME")
+        found = re.search(r'id="replay-result">([^<]*)<', page)
+        assert found is not None, page
+        answers.append(found.group(1))
+    assert answers == ["NAME: no such waiting letter (already replayed, or never there)"] * 3
     cancelled = client.post("/task/cancel", data={"id": str(world.beta_task), "token": token})
     assert cancelled.status_code == 404 and "no task with id" in cancelled.get_data(as_text=True)
-    assert beta_letter in [x.letter for x in world.source.dead_letters().waiting]
+    assert [x.task_id for x in world.source.dead_letters().waiting] == [world.acme_dead, world.beta_dead]
     assert world.status(world.beta_task) is TaskStatus.SCHEDULED
     assert world.source.dead_letters().replayed == 0
 
@@ -288,8 +336,8 @@ def test_a_tenant_s_login_replays_and_cancels_its_own(world: World, credentials_
     assert world.status(world.acme_task) is TaskStatus.CANCELLED
     assert world.status(world.beta_task) is TaskStatus.SCHEDULED
 
-    replayed = client.post("/dead-letters/replay", data={"letter": world.letter_of(world.acme_dead), "token": token},
-                           follow_redirects=True)
+    replayed = client.post("/dead-letters/replay", data={"letter": letter_name(client, world.acme_dead),
+                                                         "token": token}, follow_redirects=True)
     found = re.search(r'data-new-task="([^"]+)"', replayed.get_data(as_text=True))
     assert found
     new = world.source.store.get(TaskId.parse(found.group(1)))
