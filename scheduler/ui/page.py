@@ -9,8 +9,8 @@
     GET  /task?id=ID       a task, its status and the history of its attempts
     POST /task/cancel      cancels a task not finished (form fields: id, token)
     GET  /dead-letters     the dead letters waiting, ?tenant= for one tenant's
-    POST /dead-letters/replay  replays one letter (form fields: letter, its name on the
-                           page (`letters`), and token)
+    POST /dead-letters/replay  replays one letter (form fields: letter, the name the
+                           page gives it (`letters`); token)
     GET  /login, POST /login, POST /logout   with a credentials file (`access`)
     GET  /healthz          "ok"
 
