@@ -29,6 +29,7 @@ from scheduler.workflows.definition import KEY_PREFIX as STEP_KEY_PREFIX
 
 _lock = threading.Lock()
 MARKER_TRIES = 3
+NO_SUCH_LETTER = "no such waiting letter (already replayed, or never there)"
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,7 @@ def replay(client: Client | None, scanner: TopicScanner, publisher: Publisher, t
         outcomes = []
         for letter in chosen:
             if isinstance(letter, str):
-                outcomes.append(ReplayOutcome(letter, None, "no such waiting letter (already replayed, or never "
-                                                            "there)"))
+                outcomes.append(ReplayOutcome(letter, None, NO_SUCH_LETTER))
                 continue
             outcomes.append(_replay_one(client, publisher, topic, letter, dry_run))
         return outcomes

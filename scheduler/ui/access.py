@@ -6,7 +6,8 @@ With one, every page but `/login` and `/healthz` needs a login; a login is kept 
 Flask's signed session cookie (`HttpOnly`, `SameSite=Strict`, `Secure` unless the page
 listens on loopback, where it is plain http) under a key made at start, so a restart
 logs everyone out, and it lasts at most `SESSION_S`. Each login gets its own form token,
-which every action (replay, cancel, logout) must carry.
+which every action (replay, cancel, logout) must carry. A login goes back to the page
+first asked for only when that is a path of this page (`_safe_next`).
 
 A failed login is logged with the name tried and the address, never the secret or a
 cookie; past `MAX_FAILURES` failures from one address within `FAILURE_WINDOW_S`, that
@@ -22,7 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from flask import Flask, abort, g, redirect, render_template, request, session, url_for
 from werkzeug.wrappers.response import Response as BaseResponse
@@ -87,12 +88,32 @@ class Throttle:
             return len(times)
 
 
+MAX_NEXT_CHARS = 2000
+MAX_DECODES = 4
+
+
 def _safe_next(target: str) -> str:
-    """A path on this page to go back to after login; anything else (another site,
-    `//host`) goes to the overview."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/"
+    """A path of this page to go back to after login (`next`, from the address or the
+    form, so anyone's link may set it); anything else goes to the overview, "/".
+
+    Refused: a character that is not printable (a browser drops a tab or newline from an
+    address, so `/<TAB>/host` is `//host`, another site; a newline cannot be in a header
+    at all), a backslash (a browser reads it as a slash), anything but one slash then a
+    character that is neither (so no scheme and no host), and the same once the path is
+    percent-decoded (`/%2F/host`, `/%5Chost`, `/%09/host`), so that nothing that decodes
+    it again makes it another site's. A query is kept as it came, percent-encoded."""
+    if len(target) > MAX_NEXT_CHARS:
+        return "/"
+    form = target
+    for _ in range(MAX_DECODES):
+        if not form.isprintable() or "\\" in form or not form.startswith("/") or form[1:2] == "/":
+            return "/"
+        path = urlsplit(form).path  # one slash first: no scheme, no host
+        decoded = unquote(path)
+        if decoded == path:
+            return target
+        form = decoded
+    return "/"  # still encoded after MAX_DECODES: no page of this site is named so
 
 
 class Access:

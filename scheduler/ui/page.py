@@ -9,7 +9,8 @@
     GET  /task?id=ID       a task, its status and the history of its attempts
     POST /task/cancel      cancels a task not finished (form fields: id, token)
     GET  /dead-letters     the dead letters waiting, ?tenant= for one tenant's
-    POST /dead-letters/replay  replays one letter (form fields: letter, token)
+    POST /dead-letters/replay  replays one letter (form fields: letter, the name the
+                           page gives it (`letters`); token)
     GET  /login, POST /login, POST /logout   with a credentials file (`access`)
     GET  /healthz          "ok"
 
@@ -23,7 +24,8 @@ Who may see and do what (`access`): without credentials, anyone who reaches the 
 a login, and a tenant's login is narrowed to its tenant on every route: the status is
 read for that tenant whatever `?tenant=` says, what adds up every tenant is left out
 (`scoped`), another tenant's task answers exactly as a missing one, and another
-tenant's letter or task cannot be replayed or cancelled (404, nothing changed).
+tenant's letter or task cannot be replayed or cancelled (not found, nothing changed);
+a letter is named by an id that says nothing of the other tenants' (`letters`).
 
 What keeps another site open in the same browser from using the page: every form
 carries the login's own token, and a POST from another origin is refused; the session
@@ -50,11 +52,14 @@ from scheduler import retention
 from scheduler.errors import InvalidTask, SchedulerError
 from scheduler.model import TaskId, decode_payload
 from scheduler.ports import StoredTask
+from scheduler.replay import NO_SUCH_LETTER
 from scheduler.visibility.counts import STATES
 from scheduler.visibility.status import Status, status_document
+from scheduler.worker.dead_letters import DeadLetter
 
 from .access import NO_CREDENTIALS, Access, check_form, viewer
 from .credentials import Credentials
+from .letters import LetterNames
 from .source import PageSource
 from .views import overview
 
@@ -63,6 +68,7 @@ log = logging.getLogger(__name__)
 SPANS_MS = {"15m": 15 * 60_000, "1h": 3_600_000, "6h": 6 * 3_600_000, "24h": 24 * 3_600_000}
 DEFAULT_SPAN = "1h"
 MAX_LETTERS = 200
+MAX_NAME_CHARS = 64
 
 
 def _clock(ms: int | None) -> str:
@@ -121,6 +127,7 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
     if hosts is not None:
         app.config["TRUSTED_HOSTS"] = hosts
     Access(credentials, secure_cookie=secure_cookie).install(app)
+    names = LetterNames()
     outcomes: dict[str, tuple[str | None, dict[str, str | None]]] = {}
     app.jinja_env.filters.update(clock=_clock, duration=_duration, num=lambda n: f"{n:,}")
     app.jinja_env.globals.update(STATES=STATES, SPANS=list(SPANS_MS), title=title, refresh_ms=int(refresh_s * 1000),
@@ -159,6 +166,9 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
         missing = retention.missing_task(task_id, source.store.retention_s, time.time_ns() // 1_000_000)
         return render_template("task.html", raw=raw, error=missing, stored=None, payload=None, history=[],
                                outcome=None), 404
+
+    def of_tenant(letters: list[DeadLetter], tenant: str | None) -> list[DeadLetter]:
+        return [letter for letter in letters if tenant is None or letter.tenant == tenant]
 
     def visible(stored: StoredTask | None) -> bool:
         own = viewer().tenant
@@ -229,27 +239,30 @@ def create_app(source: PageSource, *, refresh_s: float = 3.0, title: str = "sche
         own = viewer().tenant
         tenant = own if own is not None else request.args.get("tenant", "").strip() or None
         letters = source.dead_letters()
-        shown = [letter for letter in letters.waiting if tenant is None or letter.tenant == tenant]
+        shown = [(names.name(letter), letter) for letter in of_tenant(letters.waiting, tenant)]
         outcome = kept(request.args.get("outcome", ""))
         return render_template("dead_letters.html", letters=letters, shown=shown[:MAX_LETTERS], count=len(shown),
                                tenant=tenant, outcome=outcome, scoped=own is not None)
 
     @app.post("/dead-letters/replay")
     def replay() -> Any:
+        """Replays the letter named (`letters`) among those this login sees: another
+        tenant's is not found, as a missing one is."""
         who = viewer()
         check_form(who, "a replay")
-        letter = request.form.get("letter", "")
-        if who.tenant is not None:
-            listed, tenant = source.letter_tenant(letter)
-            if not listed or tenant != who.tenant:
-                abort(404, "no such waiting letter (already replayed, or never there)")
+        name = request.form.get("letter", "")[:MAX_NAME_CHARS]
+        found = names.find(of_tenant(source.dead_letters().waiting, who.tenant), name)
+        if found is None:
+            return redirect(url_for("dead_letters", outcome=keep({"letter": name, "new": None,
+                                                                  "problem": NO_SUCH_LETTER})), code=303)
         try:
-            done = source.replay(letter)
-            outcome = {"letter": letter, "new": None if done.new_task_id is None else str(done.new_task_id),
+            done = source.replay(found.letter)
+            outcome = {"letter": name, "new": None if done.new_task_id is None else str(done.new_task_id),
                        "problem": done.problem}
-            log.info("status page: %s replayed letter %s: %s", who.name, letter, outcome["new"] or done.problem)
+            log.info("status page: %s replayed letter %s (%s on the topic): %s", who.name, name, found.letter,
+                     outcome["new"] or done.problem)
         except SchedulerError as exc:
-            outcome = {"letter": letter, "new": None, "problem": f"not replayed: {exc}"}
+            outcome = {"letter": name, "new": None, "problem": f"not replayed: {exc}"}
         return redirect(url_for("dead_letters", outcome=keep(outcome)), code=303)
 
     @app.get("/healthz")

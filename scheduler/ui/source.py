@@ -106,14 +106,6 @@ class PageSource:
             letters, replayed, unreadable = waiting(scanner.scan(self.settings.kafka.dead_letter_topic))
         return DeadLetters(letters, len(replayed), unreadable)
 
-    def letter_tenant(self, letter: str) -> tuple[bool, str | None]:
-        """Whether `letter` is waiting, and its tenant. A letter's name is its place on the
-        topic, so its tenant never changes once read."""
-        for found in self.dead_letters().waiting:
-            if found.letter == letter:
-                return True, found.tenant
-        return False, None
-
     def replay(self, letter: str) -> ReplayOutcome:
         settings = self.settings
         with connect(backend=settings.backend, db=settings.db, cassandra=settings.cassandra,

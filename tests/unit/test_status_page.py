@@ -160,6 +160,14 @@ def page_token(client: FlaskClient) -> str:
     return found.group(1)
 
 
+def letter_name(client: FlaskClient, task_id: TaskId) -> str:
+    """The name the dead-letter page gives the letter of `task_id`, as its Replay button sends it."""
+    found = re.findall(rf'<tr data-letter="([^"]+)"[^>]* data-task="{task_id}"', client.get("/dead-letters").get_data(
+        as_text=True))
+    assert len(found) == 1, f"the dead-letter page should list one letter of {task_id}: {found}"
+    return str(found[0])
+
+
 @pytest.fixture
 def letter_page(tmp_path: Path, credentials_file: Path) -> Iterator[tuple[FlaskClient, PageSource, TaskId]]:
     """The page with credentials, logged in as `ops` (every tenant), one dead letter of beta's."""
@@ -176,8 +184,9 @@ def letter_page(tmp_path: Path, credentials_file: Path) -> Iterator[tuple[FlaskC
 def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(
         letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
     client, source, dead = letter_page
+    name = letter_name(client, dead)
     for token in ("guessed", "é"):
-        response = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token})
+        response = client.post("/dead-letters/replay", data={"letter": name, "token": token})
         assert response.status_code == 403
     listing = client.get("/dead-letters").get_data(as_text=True)
     assert f'data-task="{dead}"' in listing and "1 waiting" in listing and "0 replayed" in listing
@@ -185,7 +194,7 @@ def test_a_replay_without_the_page_s_token_is_refused_and_nothing_is_replayed(
 
 def test_a_replay_from_another_site_is_refused(letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
     client, _, dead = letter_page
-    response = client.post("/dead-letters/replay", data={"letter": "0:0", "token": page_token(client)},
+    response = client.post("/dead-letters/replay", data={"letter": letter_name(client, dead), "token": page_token(client)},
                            headers={"Origin": "https://evil.example"})
     assert response.status_code == 403
     assert f'data-task="{dead}"' in client.get("/dead-letters").get_data(as_text=True)
@@ -193,14 +202,14 @@ def test_a_replay_from_another_site_is_refused(letter_page: tuple[FlaskClient, P
 
 def test_a_letter_replayed_twice_is_one_new_task(letter_page: tuple[FlaskClient, PageSource, TaskId]) -> None:
     client, source, dead = letter_page
-    token = page_token(client)
-    first = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token}, follow_redirects=True)
+    token, name = page_token(client), letter_name(client, dead)
+    first = client.post("/dead-letters/replay", data={"letter": name, "token": token}, follow_redirects=True)
     page = first.get_data(as_text=True)
     found = re.search(r'data-new-task="([^"]+)"', page)
     assert found and f'data-task="{dead}"' not in page
     stored = source.store.get(TaskId.parse(found.group(1)))
     assert stored is not None and (stored.task.tenant, stored.task.type) == ("beta", "sms")
-    again = client.post("/dead-letters/replay", data={"letter": "0:0", "token": token}, follow_redirects=True)
+    again = client.post("/dead-letters/replay", data={"letter": name, "token": token}, follow_redirects=True)
     assert "no such waiting letter" in again.get_data(as_text=True)
     assert "1 replayed" in again.get_data(as_text=True)
 

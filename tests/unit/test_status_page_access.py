@@ -6,12 +6,14 @@ tests/unit/test_ui_credentials.py; in a browser: tests/embedded/test_status_page
 
 from __future__ import annotations
 
+import http.client
 import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from flask import Flask
@@ -24,8 +26,16 @@ from scheduler.ports import TaskStatus
 from scheduler.ui import access
 from scheduler.ui.credentials import load
 from scheduler.ui.page import create_app
+from scheduler.ui.serving import PageServer
 from scheduler.ui.source import PageSource
-from tests.unit.test_status_page import SECRETS, credentials_file, login, page_token, park_a_dead_letter
+from tests.unit.test_status_page import (
+    SECRETS,
+    credentials_file,
+    letter_name,
+    login,
+    page_token,
+    park_a_dead_letter,
+)
 
 __all__ = ["credentials_file"]  # a fixture, used by name
 
@@ -44,7 +54,8 @@ class World:
         return create_app(self.source, credentials=None if credentials is None else load(credentials),
                           secure_cookie=secure_cookie)
 
-    def letter_of(self, task_id: TaskId) -> str:
+    def place_of(self, task_id: TaskId) -> str:
+        """Where the letter of `task_id` sits on the topic (`partition:offset`)."""
         (letter,) = [x.letter for x in self.source.dead_letters().waiting if x.task_id == task_id]
         return letter
 
@@ -87,7 +98,7 @@ def test_without_credentials_everything_is_seen_and_no_action_is_taken(world: Wo
     task_page = text(client, f"/task?id={world.acme_task}")
     assert 'id="cancel"' not in task_page and "--credentials" in task_page
 
-    replayed = client.post("/dead-letters/replay", data={"letter": world.letter_of(world.beta_dead), "token": ""})
+    replayed = client.post("/dead-letters/replay", data={"letter": letter_name(client, world.beta_dead), "token": ""})
     assert replayed.status_code == 403 and "--credentials" in replayed.get_data(as_text=True)
     cancelled = client.post("/task/cancel", data={"id": str(world.acme_task), "token": ""})
     assert cancelled.status_code == 403 and "--credentials" in cancelled.get_data(as_text=True)
@@ -106,7 +117,7 @@ def test_with_credentials_every_page_needs_a_login(world: World, credentials_fil
     for path in ("/live", "/api/status"):  # the page's script and scripts get 401, not a login form
         assert client.get(path).status_code == 401
     assert client.get("/healthz").status_code == 200 and client.get("/login").status_code == 200
-    letter = world.letter_of(world.beta_dead)
+    letter = world.place_of(world.beta_dead)
     assert client.post("/dead-letters/replay", data={"letter": letter, "token": ""}).status_code == 401
     assert client.post("/task/cancel", data={"id": str(world.beta_task), "token": ""}).status_code == 401
     assert len(world.source.dead_letters().waiting) == 2 and world.status(world.beta_task) is TaskStatus.SCHEDULED
@@ -151,11 +162,77 @@ def test_the_session_cookie_is_http_only_same_site_strict_and_secure_off_loopbac
     assert SECRETS["ops"] not in cookie
 
 
-def test_after_login_only_a_path_of_this_page_is_gone_back_to(world: World, credentials_file: Path) -> None:
-    client = world.app(credentials_file).test_client()
-    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
-        response = client.post("/login", data={"name": "ops", "secret": SECRETS["ops"], "next": target})
-        assert response.headers["Location"] == "/", target
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, credentials_file: Path) -> Iterator[PageServer]:
+    """The page as `scheduler ui --credentials` serves it (waitress, on a free loopback port)."""
+    db = tmp_path_factory.mktemp("served") / "tasks.db"
+    with scheduler.connect(backend="embedded", db=db):
+        pass
+    with PageServer(backend_settings(backend="embedded", db=db), credentials=load(credentials_file)) as server:
+        yield server
+
+
+def over_http(server: PageServer, method: str, path: str, form: dict[str, str] | None = None
+              ) -> tuple[int, str | None, str]:
+    """One request on its own connection: the status, the Location header and the body."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        body = None if form is None else urlencode(form)
+        headers = {} if form is None else {"Content-Type": "application/x-www-form-urlencoded"}
+        connection.request(method, path, body, headers)
+        response = connection.getresponse()
+        return response.status, response.getheader("Location"), response.read().decode()
+    finally:
+        connection.close()
+
+
+REFUSED_NEXT = [
+    "/\t/evil.example/", "/\n/evil.example/", "/\r/evil.example/", "/\r\n/evil.example/", "/\x00/evil.example/",
+    "\t//evil.example/", "/\x0b/evil.example/", "/\x0c/evil.example/", "/\x1f/evil.example/", "/\x7f/evil.example/",
+    "/\x85/evil.example/", "/\u2028/evil.example/", "/\\evil.example", "\\/evil.example", "/\\/evil.example",
+    "//evil.example/", "///evil.example/", "http://evil.example/", "https://evil.example/x", "HTTP:evil.example",
+    "javascript:alert(1)", " /evil.example", "evil.example", "/%2F/evil.example/", "%2F%2Fevil.example/",
+    "/%09/evil.example/", "/%0A/evil.example/", "/%5Cevil.example", "/%5C/evil.example", "/%252F/evil.example/",
+    "/" + "a" * 5000, "",
+]
+"""`next` values the login refuses, going back to the overview instead: control
+characters, backslashes, another host or scheme, the same percent-encoded, too long."""
+
+
+@pytest.mark.parametrize("target", REFUSED_NEXT, ids=lambda target: ascii(target)[:40])
+def test_after_login_only_a_path_of_this_page_is_gone_back_to(served: PageServer, target: str) -> None:
+    """Whatever `next` says, the login form carries, and the login answers, a path of
+    this page: a browser drops a tab or newline from an address (`/<TAB>/host` is
+    `//host`, another site), reads a backslash as a slash, and a newline cannot be in a
+    header at all (it was a 500)."""
+    status, _, html = over_http(served, "GET", "/login?" + urlencode({"next": target}))
+    assert status == 200
+    assert re.findall(r'name="next" value="([^"]*)"', html) == ["/"], target
+    status, location, _ = over_http(served, "POST", "/login",
+                                    {"name": "ops", "secret": SECRETS["ops"], "next": target})
+    assert (status, location) == (303, "/"), target
+
+
+@pytest.mark.parametrize("target", ["/?tenant=acme&since=15m", "/task?id=01a244a5-3cd7-766c-b76a-50447abbfbc9",
+                                    "/dead-letters?tenant=a%2Fb", "/"])
+def test_after_login_a_path_of_this_page_with_its_query_is_gone_back_to(served: PageServer, target: str) -> None:
+    status, _, html = over_http(served, "GET", "/login?" + urlencode({"next": target}))
+    assert status == 200
+    assert re.findall(r'name="next" value="([^"]*)"', html) == [target.replace("&", "&amp;")]
+    status, location, _ = over_http(served, "POST", "/login",
+                                    {"name": "ops", "secret": SECRETS["ops"], "next": target})
+    assert (status, location) == (303, target)
+
+
+def test_a_page_asked_for_before_login_is_gone_back_to_after_it(served: PageServer) -> None:
+    status, location, _ = over_http(served, "GET", "/dead-letters?tenant=acme")
+    assert status == 302 and location is not None and location.startswith("/login?next=")
+    status, _, html = over_http(served, "GET", location)
+    (target,) = re.findall(r'name="next" value="([^"]*)"', html)
+    assert target == "/dead-letters?tenant=acme"
+    status, location, _ = over_http(served, "POST", "/login",
+                                    {"name": "ops", "secret": SECRETS["ops"], "next": target})
+    assert (status, location) == (303, "/dead-letters?tenant=acme")
 
 
 def test_logout_needs_the_form_token_and_ends_the_session(world: World, credentials_file: Path) -> None:
@@ -194,16 +271,56 @@ def test_a_tenant_s_login_sees_only_its_tenant(world: World, credentials_file: P
     assert said and "mail" not in other.get_data(as_text=True)
 
 
+def test_a_tenant_s_login_sees_letter_names_that_say_nothing_of_other_tenants(
+        world: World, credentials_file: Path) -> None:
+    """One topic holds every tenant's letters: a letter's place on it (`partition:offset`)
+    would tell acme that beta's letter exists and died after its own. The page names a
+    letter by an id keyed by a secret of the page, so no place is shown to a tenant, and
+    the same letter is named differently by another page (nothing is computed from the
+    place alone)."""
+    places = {world.place_of(world.acme_dead), world.place_of(world.beta_dead)}
+    assert places == {"0:0", "0:1"}  # acme's died first, beta's after
+    app = world.app(credentials_file)
+    acme, beta, ops = app.test_client(), app.test_client(), app.test_client()
+    for client, name in ((acme, "acme-desk"), (beta, "beta-desk"), (ops, "ops")):
+        login(client, name)
+    html = text(acme, "/dead-letters")
+    shown = re.findall(r'<tr data-letter="([^"]+)"', html)
+    assert shown == [letter_name(acme, world.acme_dead)]
+    assert re.fullmatch(r"[0-9a-f]{16}", shown[0]), shown
+    for place in places:
+        assert f'"{place}"' not in html and f">{place}<" not in html, place
+    assert "data-place" not in html and "on the topic" not in html
+    again = world.app(credentials_file).test_client()
+    login(again, "acme-desk")
+    assert letter_name(again, world.acme_dead) != shown[0]
+
+    # An all-tenants login sees every letter's place too, to name it to `scheduler dlq`.
+    every = text(ops, "/dead-letters")
+    assert sorted(re.findall(r'data-place="([^"]+)"', every)) == sorted(places)
+    assert letter_name(ops, world.beta_dead) == letter_name(beta, world.beta_dead)
+
+
 def test_a_tenant_s_login_cannot_replay_or_cancel_another_tenant_s(world: World, credentials_file: Path) -> None:
-    client = world.app(credentials_file).test_client()
+    """Another tenant's letter, by its name on the page or its place on the topic, is not
+    found, exactly as a name never given is; nothing is replayed."""
+    app = world.app(credentials_file)
+    client, beta = app.test_client(), app.test_client()
     login(client, "acme-desk")
+    login(beta, "beta-desk")
     token = page_token(client)
-    beta_letter = world.letter_of(world.beta_dead)
-    replayed = client.post("/dead-letters/replay", data={"letter": beta_letter, "token": token})
-    assert replayed.status_code == 404
+    answers = []
+    for name in (letter_name(beta, world.beta_dead), world.place_of(world.beta_dead), "0" * 16):
+        replayed = client.post("/dead-letters/replay", data={"letter": name, "token": token})
+        assert replayed.status_code == 303
+        page = text(client, replayed.headers["Location"]).replace(name, "NAME")
+        found = re.search(r'id="replay-result">([^<]*)<', page)
+        assert found is not None, page
+        answers.append(found.group(1))
+    assert answers == ["NAME: no such waiting letter (already replayed, or never there)"] * 3
     cancelled = client.post("/task/cancel", data={"id": str(world.beta_task), "token": token})
     assert cancelled.status_code == 404 and "no task with id" in cancelled.get_data(as_text=True)
-    assert beta_letter in [x.letter for x in world.source.dead_letters().waiting]
+    assert [x.task_id for x in world.source.dead_letters().waiting] == [world.acme_dead, world.beta_dead]
     assert world.status(world.beta_task) is TaskStatus.SCHEDULED
     assert world.source.dead_letters().replayed == 0
 
@@ -219,8 +336,8 @@ def test_a_tenant_s_login_replays_and_cancels_its_own(world: World, credentials_
     assert world.status(world.acme_task) is TaskStatus.CANCELLED
     assert world.status(world.beta_task) is TaskStatus.SCHEDULED
 
-    replayed = client.post("/dead-letters/replay", data={"letter": world.letter_of(world.acme_dead), "token": token},
-                           follow_redirects=True)
+    replayed = client.post("/dead-letters/replay", data={"letter": letter_name(client, world.acme_dead),
+                                                         "token": token}, follow_redirects=True)
     found = re.search(r'data-new-task="([^"]+)"', replayed.get_data(as_text=True))
     assert found
     new = world.source.store.get(TaskId.parse(found.group(1)))
