@@ -32,7 +32,9 @@ from scheduler.worker.runtime import CHECKS
 @click.option("--member", "member", envvar="SCHEDULER_MEMBER", show_envvar=True,
               help="This worker's name in its consumer group (default: host-pid).")
 @click.option("--drain-timeout", "drain_timeout_s", type=float, default=30.0, show_default=True,
-              help="On SIGTERM: seconds in-flight handlers get to finish before the worker leaves.")
+              help="On SIGTERM: seconds in-flight handlers get to finish before the worker leaves. It then "
+                   "settles, commits and leaves its group, and exits at most 10 s later whatever the servers do "
+                   "(what it could not commit is delivered again to the other workers).")
 @click.option("--session-timeout", "session_timeout_s", type=float, default=10.0, show_default=True,
               help="Seconds after which a silent worker's partitions go to the others.")
 @click.option("--check", "check", type=click.Choice(CHECKS), default="suspect", show_default=True,
@@ -61,7 +63,7 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
     """
     from scheduler.dispatcher.runtime import write_json
     from scheduler.worker import load_app
-    from scheduler.worker.runtime import Worker, WorkerConfig
+    from scheduler.worker.runtime import LEAVE_S, Worker, WorkerConfig
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
@@ -87,8 +89,26 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
             from scheduler.visibility.worker_metrics import WorkerCollector
 
             metrics.register(WorkerCollector(runner))
+        logger = logging.getLogger("scheduler.worker")
+        leave_after_s = drain_timeout_s + LEAVE_S
+
+        def leave_now() -> None:
+            logger.warning("still stopping %.0f s after the stop was asked (drain timeout %.0f s, then %.0f s to "
+                           "settle, commit and leave the group): leaving now; what was not committed is delivered "
+                           "again to the other workers", leave_after_s, drain_timeout_s, LEAVE_S)
+            logging.shutdown()
+            os._exit(Exit.OK)
+
+        leaving = threading.Timer(leave_after_s, leave_now)
+        leaving.daemon = True
+
+        def stop(*_: object) -> None:
+            runner.stop()
+            if not leaving.is_alive():  # the first signal starts the clock; `start` twice would raise
+                leaving.start()
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: runner.stop())
+            signal.signal(signum, stop)
         stats_writer: threading.Thread | None = None
         if stats_file is not None:
             path = stats_file
@@ -101,7 +121,6 @@ def worker(app_spec: str, pool: str, concurrency: int, member: str | None, drain
 
             stats_writer = threading.Thread(target=keep_stats, name="stats", daemon=True)
             stats_writer.start()
-        logger = logging.getLogger("scheduler.worker")
         logger.info("worker %s started: app %s (%s), pool %s, concurrency %d, backend %s",
                     name, app_spec, ", ".join(app.types()), pool, concurrency, backend)
         try:

@@ -91,6 +91,13 @@ from scheduler.workflows.engine import Workflows
 
 log = logging.getLogger(__name__)
 
+LEAVE_S = 10.0
+"""After a stop's drain timeout, the most a worker process spends settling, committing,
+leaving its group and writing its last counts before it exits regardless
+(`scheduler worker` enforces it): those wait on servers, and a broker or store that
+does not answer must not hold a stopping worker for ever. What it leaves uncommitted is
+delivered again to the other workers, as after a kill."""
+
 ConsumerFactory = Callable[[Callable[[list[TopicPartition]], None]], Consumer]
 """Makes the pool's consumer, given the callback for partitions taken away."""
 
