@@ -133,10 +133,14 @@ def test_a_forgotten_partition_is_never_committed() -> None:
 def test_coalescing_keeps_the_report_the_store_would_keep() -> None:
     task = TaskId.new(NINE_OCLOCK_MS)
     other = TaskId.new(NINE_OCLOCK_MS)
+    third = TaskId.new(NINE_OCLOCK_MS)
     reports = [StatusReport(task, 1, TaskStatus.RUNNING), StatusReport(task, 1, TaskStatus.DONE),
-               StatusReport(other, 2, TaskStatus.FAILED, "x"), StatusReport(other, 1, TaskStatus.DONE)]
-    assert sorted(coalesce(reports), key=lambda r: r.attempt) == [
-        StatusReport(task, 1, TaskStatus.DONE), StatusReport(other, 2, TaskStatus.FAILED, "x")]
+               StatusReport(other, 3, TaskStatus.RUNNING), StatusReport(other, 2, TaskStatus.FAILED, "x"),
+               StatusReport(third, 2, TaskStatus.FAILED, "x"), StatusReport(third, 1, TaskStatus.DONE),
+               StatusReport(third, 3, TaskStatus.RUNNING)]
+    kept = {report.task_id: report for report in coalesce(reports)}
+    assert kept == {task: StatusReport(task, 1, TaskStatus.DONE), other: StatusReport(other, 3, TaskStatus.RUNNING),
+                    third: StatusReport(third, 1, TaskStatus.DONE)}  # what has finished stays finished
 
 
 def test_dead_letters_and_replay_markers_round_trip() -> None:
