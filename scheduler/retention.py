@@ -40,8 +40,17 @@ from scheduler.settings import QUEUE_RETENTION_MS
 
 DEFAULT_RETENTION_S = 7 * 86_400
 MIN_RETENTION_S = 60
-"""Shortest retention: below a minute a task due now could expire before a busy
-dispatcher fires it. A production store should keep days (the outage it outlives)."""
+"""Shortest retention a store accepts (`TaskStore.set_retention`), for tests that watch
+rows expire: below a minute a task due now could expire before a busy dispatcher fires
+it."""
+SHORTEST_SET_S = 3_600
+"""Shortest retention `scheduler retention set` accepts (`parse_retention`): an hour.
+On Cassandra a task not fired within its minute plus the retention is removed unfired,
+so the retention must outlast the longest a shard may go unfired without anything being
+wrong: a dead dispatcher's lease running out (10 s), the sweep that then looks back over
+the minutes missed (its horizon, 10 minutes by default), and a stalled dispatcher or
+server's minutes of catching up. An hour covers all three with room; a production store
+should keep days (the outage it outlives)."""
 MAX_RETENTION_S = 3_650 * 86_400
 """Ten years: longer is keeping forever, and Cassandra's TTLs end at 20 years."""
 LAST_EXPIRY_S = 2**31 - 1 - 86_400
@@ -57,12 +66,27 @@ def cancel_kept_s(retention_s: int) -> int:
     7 days, whichever is longer), plus a day. 15 days at the default retention."""
     return int(MAX_RETRY_DELAY_S) + max(retention_s, QUEUE_RETENTION_MS // 1000) + 86_400
 
+def effect_kept_s(retention_s: int, attempts_left: int) -> int:
+    """Least a done record of the effect ledger (`ctx.once`) is kept when the attempt
+    that recorded it may be followed by `attempts_left` more: each may wait up to the
+    longest retry delay, then lie unfired or unconsumed up to the retention or the
+    queues' 7 days, whichever is longer; and the last one, or this one, may be delivered
+    again within the same span; plus a day for an attempt that runs long. At least the
+    retention. A shorter record would let a later attempt of the same task, or a copy,
+    run the effect again. 8 days for a task's last attempt at the default retention,
+    and 14 more for each attempt it has left."""
+    if attempts_left < 0:
+        raise ValueError(f"attempts_left must be at least 0, got {attempts_left!r}")
+    wait = max(retention_s, QUEUE_RETENTION_MS // 1000)
+    return max(retention_s, attempts_left * (int(MAX_RETRY_DELAY_S) + wait) + wait + 86_400)
+
+
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
 
 
 def parse_retention(text: str) -> int:
     """`7d`, `36h`, `1d12h`, `90m` or plain seconds: a retention in whole seconds,
-    within `MIN_RETENTION_S` and `MAX_RETENTION_S`."""
+    within `SHORTEST_SET_S` and `MAX_RETENTION_S`."""
     stripped = text.strip()
     seconds: int | None = None
     if stripped.isdigit():
@@ -74,15 +98,17 @@ def parse_retention(text: str) -> int:
             seconds = ((days * 24 + hours) * 60 + minutes) * 60 + secs
     if seconds is None:
         raise ConfigError(f"{text!r} is not a retention: use units such as 7d, 36h, 1d12h, 90m, or seconds")
-    return check_retention(seconds)
+    return check_retention(seconds, shortest_s=SHORTEST_SET_S)
 
 
-def check_retention(seconds: int) -> int:
+def check_retention(seconds: int, *, shortest_s: int = MIN_RETENTION_S) -> int:
+    """`seconds` if it is a retention of at least `shortest_s`, else `ConfigError`."""
     if isinstance(seconds, bool) or not isinstance(seconds, int):
         raise ConfigError(f"a retention is a whole number of seconds, got {seconds!r}")
-    if seconds < MIN_RETENTION_S:
-        raise ConfigError(f"a retention of {describe(seconds)} is too short: at least {describe(MIN_RETENTION_S)}, "
-                          "and days in production (a task not fired by then is removed too)")
+    if seconds < shortest_s:
+        raise ConfigError(f"a retention of {describe(seconds)} is too short: at least {describe(shortest_s)}, "
+                          "to outlast a dispatcher that stalls or dies and the sweep that catches up after it "
+                          "(on Cassandra a task not fired by then is removed), and days in production")
     if seconds > MAX_RETENTION_S:
         raise ConfigError(f"a retention of {describe(seconds)} is too long: at most {describe(MAX_RETENTION_S)}")
     return seconds

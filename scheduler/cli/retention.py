@@ -53,7 +53,8 @@ def show(as_json: bool, backend: str, db: Path, **cassandra: Any) -> None:
 @store_options
 def set_(duration: str, backend: str, db: Path, **cassandra: Any) -> None:
     """Keep tasks DURATION after their minute: 7d, 36h, 1d12h, 90m or seconds
-    (at least 1m, at most 3650d)."""
+    (at least 1h, which outlasts a dispatcher's stall and the sweep after it;
+    at most 3650d)."""
     try:
         seconds = rule.parse_retention(duration)
     except ConfigError as exc:

@@ -16,8 +16,8 @@ NOW = 1_796_202_000_250  # 2026-12-02T09:00:00.250Z
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
-    ("7d", 7 * DAY_S), ("36h", 36 * 3600), ("1d12h", 36 * 3600), ("90m", 5400), ("60", 60), (" 2d ", 2 * DAY_S),
-    ("1h30m15s", 5415), ("3650d", 3650 * DAY_S),
+    ("7d", 7 * DAY_S), ("36h", 36 * 3600), ("1d12h", 36 * 3600), ("90m", 5400), ("3600", 3600), (" 2d ", 2 * DAY_S),
+    ("1h30m15s", 5415), ("3650d", 3650 * DAY_S), ("1h", 3600),
 ])
 def test_durations_read_as_seconds(text: str, seconds: int) -> None:
     assert retention.parse_retention(text) == seconds
@@ -26,7 +26,7 @@ def test_durations_read_as_seconds(text: str, seconds: int) -> None:
 @pytest.mark.parametrize(("text", "reason"), [
     ("", "not a retention"), ("soon", "not a retention"), ("1.5d", "not a retention"), ("-1d", "not a retention"),
     ("7 d", "not a retention"), ("d", "not a retention"), ("59", "too short"), ("0", "too short"),
-    ("59s", "too short"), ("3651d", "too long"),
+    ("59s", "too short"), ("3651d", "too long"), ("1m", "too short"), ("59m59s", "too short"), ("3599", "too short"),
 ])
 def test_bad_retentions_are_refused_with_the_reason(text: str, reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
@@ -39,7 +39,18 @@ def test_a_retention_is_a_whole_number_of_seconds(value: object) -> None:
         retention.check_retention(value)  # type: ignore[arg-type]
 
 
-@given(st.integers(min_value=retention.MIN_RETENTION_S, max_value=retention.MAX_RETENTION_S))
+def test_the_command_refuses_what_would_not_outlast_a_stalled_dispatcher() -> None:
+    """The floor covers a dead dispatcher's lease and the sweep's default horizon, with
+    room for a stall; the reason says why. A store still takes a minute (for tests)."""
+    from scheduler.dispatcher.shard import DEFAULT_HORIZON_MS
+
+    assert retention.SHORTEST_SET_S >= 10 + DEFAULT_HORIZON_MS // 1000 + 600
+    with pytest.raises(ConfigError, match="at least 1h, to outlast a dispatcher that stalls"):
+        retention.parse_retention("30m")
+    assert retention.check_retention(retention.MIN_RETENTION_S) == 60
+
+
+@given(st.integers(min_value=retention.SHORTEST_SET_S, max_value=retention.MAX_RETENTION_S))
 def test_describe_reads_back(seconds: int) -> None:
     assert retention.parse_retention(retention.describe(seconds)) == seconds
 
