@@ -318,7 +318,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
                         dead_letter_topic=settings.kafka.dead_letter_topic)
             stack.callback(queue.close)
             publisher = queue.publisher()
-            sqlite_ledger = SqliteEffectLedger(settings.db)
+            sqlite_ledger = SqliteEffectLedger(settings.db, retention_s=store.retention_s)
             stack.callback(sqlite_ledger.close)
             ledger = sqlite_ledger
 
@@ -338,7 +338,7 @@ def open_worker_parts(settings: BackendSettings, member: str, pool: str,
             stack.callback(kafka_publisher.close)
             kafka_publisher.check()
             publisher = kafka_publisher
-            ledger = CassandraEffectLedger.for_store(store)
+            ledger = CassandraEffectLedger.for_store(store, retention_s=store.retention_s)
 
             def consumer_factory(on_revoked: Callable[[list[TopicPartition]], None]) -> Consumer:
                 return KafkaConsumer(settings.kafka, group, list(topics.values()), member=member,

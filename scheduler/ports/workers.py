@@ -106,7 +106,8 @@ class EffectLedger(Protocol):
     `scheduler.worker.context.Context.once` for what this can and cannot guarantee.
 
     A claim expires `ttl_s` after it is taken unless marked done; a done record is kept
-    for the ledger's retention (days), after which the key may run again.
+    for the `keep_s` its `done` asks, and at least the ledger's retention (the store's),
+    after which the key may run again.
     """
 
     def claim(self, scope: str, key: str, owner: str, ttl_s: float) -> EffectClaim:
@@ -114,8 +115,10 @@ class EffectLedger(Protocol):
         (an atomic insert-if-absent). Re-claiming one's own claim answers `CLAIMED`."""
         ...
 
-    def done(self, scope: str, key: str, owner: str) -> None:
-        """Record the effect as done (durable on return)."""
+    def done(self, scope: str, key: str, owner: str, keep_s: float = 0.0) -> None:
+        """Record the effect as done (durable on return), kept at least `keep_s` and at
+        least the ledger's retention (`scheduler.retention.effect_kept_s` is what a task's
+        attempt needs). Recording a done record again keeps its first time and end."""
         ...
 
     def release(self, scope: str, key: str, owner: str) -> None:

@@ -10,7 +10,8 @@ The scope of a key
   same key runs it. So `ctx.once(f"sms:{payload['to']}", send)` sends each task's SMS
   once, and the next task for the same number sends its own.
 - `scope="tenant"`, asked for explicitly: one effect per tenant and key, across all the
-  tenant's tasks, for as long as the ledger keeps done records (7 days by default):
+  tenant's tasks, for as long as the ledger keeps done records (the store's retention, 7
+  days by default, and longer while the task that recorded it may still retry):
   e.g. `ctx.once(f"welcome:{user_id}", send_welcome, scope="tenant")` welcomes a user
   once, whichever task gets there first.
 
@@ -62,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from scheduler.model import Task, TaskId
 from scheduler.ports import EffectClaim, EffectLedger
+from scheduler.retention import DEFAULT_RETENTION_S, effect_kept_s
 from scheduler.worker.policy import RetryableError
 
 if TYPE_CHECKING:
@@ -93,6 +95,9 @@ class Context:
     ledger: EffectLedger | None = None
     claim_s: float = CLAIM_S
     worker: str = "worker"
+    retention_s: int = DEFAULT_RETENTION_S
+    """The store's retention: a done effect is kept at least that, and as long as this
+    task's later attempts may still come (`scheduler.retention.effect_kept_s`)."""
     effects_run: int = field(default=0)
     effects_skipped: int = field(default=0)
     workflow: StepContext | None = None
@@ -160,7 +165,8 @@ class Context:
         With `scope="task"` (the default) the record is this task's: a repeat or retry of
         this task skips the effect, another task with the same key runs its own. With
         `scope="tenant"` it is the tenant's: any later task of this tenant with the same
-        key skips it, for the ledger's retention (7 days by default). See the module
+        key skips it, for the ledger's retention (the store's, 7 days by default, and
+        longer while this task may still retry). See the module
         docstring for the scopes and for the guarantee."""
         ledger_key = self.ledger_key(key, scope)
         owner = self._claim(ledger_key, key)
@@ -205,7 +211,8 @@ class Context:
 
     def _done(self, ledger_key: str, owner: str) -> None:
         assert self.ledger is not None
-        self.ledger.done(self.task.tenant, ledger_key, owner)
+        keep_s = effect_kept_s(self.retention_s, self.task.max_attempts - self.task.attempt)
+        self.ledger.done(self.task.tenant, ledger_key, owner, keep_s)
         self.effects_run += 1
 
     def _release(self, ledger_key: str, owner: str) -> None:

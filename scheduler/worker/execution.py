@@ -49,6 +49,7 @@ from typing import Any
 
 from scheduler.model import decode_payload
 from scheduler.ports import EffectLedger
+from scheduler.retention import DEFAULT_RETENTION_S
 from scheduler.worker.app import Handler
 from scheduler.worker.context import CLAIM_S, Context
 from scheduler.worker.job import Job
@@ -102,8 +103,11 @@ class Execution:
                  on_started: Callable[[Job], None] | None = None,
                  clock_ms: Callable[[], int] = wall_clock_ms, workflows: Workflows | None = None,
                  running_report_after_s: float = RUNNING_REPORT_AFTER_S,
-                 may_start: Callable[[Job], bool] | None = None) -> None:
+                 may_start: Callable[[Job], bool] | None = None,
+                 retention_s: int = DEFAULT_RETENTION_S) -> None:
         self._stats = stats
+        self._retention_s = retention_s
+        """The store's, for how long `ctx.once` keeps what it records (`Context.retention_s`)."""
         self._may_start = may_start
         """Asked on the handler's own thread (or the event loop) at the moment its handler
         would begin, after everything else that comes first: whether it may still start
@@ -170,7 +174,7 @@ class Execution:
             else:
                 self._unreported.append(job)
             context = Context(task, job.message.fence, self._ledger, claim_s=(timeout or CLAIM_S) + 5.0,
-                              worker=self._instance)
+                              worker=self._instance, retention_s=self._retention_s)
             context.workflow = steps.step_context(self._workflows, task)
             calls.append((job, context))
         self._stats.started += len(jobs)

@@ -198,7 +198,8 @@ class Worker:
                                     settle=self._settler.submit, stop=self._stop, on_started=on_started,
                                     clock_ms=clock_ms, workflows=self.workflows,
                                     running_report_after_s=config.running_report_after_s,
-                                    may_start=lambda job: self.cancel_watch.allows(job.shard, job.mark_seen))
+                                    may_start=lambda job: self.cancel_watch.allows(job.shard, job.mark_seen),
+                                    retention_s=store.retention_s)
         self._intake.visible = self._outcomes.visible = self._execution.visible = self.visible
 
     # Control.

@@ -125,6 +125,19 @@ def test_a_done_record_is_kept_for_the_retention_only(make_ledger: LedgerFactory
                timeout_s=EXPIRY_WAIT_S, interval_s=0.1, what="the done record's retention to end")
 
 
+def test_a_done_record_asked_to_be_kept_longer_outlives_the_retention(make_ledger: LedgerFactory) -> None:
+    """What `ctx.once` asks when its task may retry for longer than the retention; one
+    that would end past what Cassandra can expire (2038) is kept for good, not refused."""
+    ledger = make_ledger(retention_s=1)
+    for key, keep_s in (("plain", 0.0), ("retried", 600.0), ("for-good", 1e10)):
+        assert ledger.claim("college", key, "a", LONG_S) is CLAIMED
+        ledger.done("college", key, "a", keep_s)
+    wait_until(lambda: ledger.claim("college", "plain", "b", LONG_S) is CLAIMED,
+               timeout_s=EXPIRY_WAIT_S, interval_s=0.1, what="the retention to end")
+    assert ledger.claim("college", "retried", "b", LONG_S) is DONE
+    assert ledger.claim("college", "for-good", "b", LONG_S) is DONE
+
+
 def test_owners_racing_for_one_key_leave_exactly_one_holding_it(ledger: EffectLedger) -> None:
     owners = [f"attempt-{n}" for n in range(8)]
     for key in ("race-1", "race-2", "race-3"):
@@ -171,6 +184,11 @@ def test_a_sqlite_claim_expires_by_the_ledgers_clock(tmp_path: Path) -> None:
         assert ledger.claim("college", "k", "c", 10) is CLAIMED
         now[0] += 10_000
         assert ledger.purge() == 1
+        ledger.done("college", "k", "c", 120.5)  # longer than the retention: kept what it asks
+        now[0] += 120_499
+        assert ledger.claim("college", "k", "d", 10) is DONE
+        now[0] += 1
+        assert ledger.claim("college", "k", "d", 10) is CLAIMED
     finally:
         ledger.close()
 

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from scheduler.adapters.embedded.effects import SqliteEffectLedger
-from scheduler.model import Task, TaskId, encode_payload
+from scheduler.model import DEFAULT_MAX_ATTEMPTS, MAX_RETRY_DELAY_S, Task, TaskId, encode_payload
 from scheduler.ports import EffectClaim
+from scheduler.retention import effect_kept_s
+from scheduler.settings import QUEUE_RETENTION_MS
 from scheduler.worker.context import TASK_KEY_PREFIX, Context, EffectBusy
 
 NINE_OCLOCK_MS = 1_796_202_000_000
@@ -46,7 +48,7 @@ def new_task(tenant: str = "board") -> Task:
 
 
 def context(task: Task, ledger: SqliteEffectLedger, worker: str = "w1") -> Context:
-    return Context(task=task, fence=1, ledger=ledger, worker=worker)
+    return Context(task=task, fence=1, ledger=ledger, worker=worker, retention_s=int(RETENTION_S))
 
 
 class Sent:
@@ -90,9 +92,31 @@ def test_a_tenant_scoped_key_runs_once_across_the_tenants_tasks_for_the_retentio
     assert context(new_task(), ledger).once("welcome:17", sent, scope="tenant") is False
     assert context(new_task("college"), ledger).once("welcome:17", sent, scope="tenant") is True  # another tenant
     assert sent.count == 2
-    clock.now_ms += int(RETENTION_S * 1000)  # the done record's retention is over
+    kept_ms = effect_kept_s(int(RETENTION_S), DEFAULT_MAX_ATTEMPTS - 1) * 1000  # the recording task may retry
+    clock.now_ms += kept_ms - 1
+    assert context(new_task(), ledger).once("welcome:17", sent, scope="tenant") is False
+    clock.now_ms += 1  # the done record's keep is over
     assert context(new_task(), ledger).once("welcome:17", sent, scope="tenant") is True
     assert sent.count == 3
+
+
+@pytest.mark.parametrize("scope", ["task", "tenant"])
+def test_a_retry_later_than_the_retention_still_skips_a_done_effect(
+    ledger: SqliteEffectLedger, clock: ManualClock, scope: Any
+) -> None:
+    """Each retry of a task may wait up to 7 days (`RetryableError(delay_s=...)`) and then
+    lie unfired or unconsumed for the queues' 7 days: its `once` records must outlive
+    every attempt it has left, whatever the retention (here an hour)."""
+    sent, task = Sent(), new_task()
+    assert context(task, ledger).once("sms", sent, scope=scope) is True
+    for attempt in range(2, task.max_attempts + 1):
+        clock.now_ms += int(MAX_RETRY_DELAY_S * 1000) + QUEUE_RETENTION_MS
+        retry = context(replace(task, attempt=attempt, run_at_ms=clock.now_ms), ledger)
+        assert retry.once("sms", sent, scope=scope) is False, f"attempt {attempt} ran the effect again"
+    clock.now_ms += QUEUE_RETENTION_MS  # the last attempt redelivered as late as it can be
+    last = context(replace(task, attempt=task.max_attempts), ledger)
+    assert last.once("sms", sent, scope=scope) is False
+    assert sent.count == 1
 
 
 def test_a_task_scoped_and_a_tenant_scoped_key_of_the_same_name_are_two_effects(ledger: SqliteEffectLedger) -> None:

@@ -8,7 +8,9 @@ lightweight transaction (Paxos, at the connection's LOCAL_SERIAL):
   the row's state and owner: 'done' is `DONE`, a claim of the same owner `CLAIMED`, any
   other claim `BUSY`. A claim that was not marked done expires with its TTL, and the
   next claim applies.
-- `done`: `UPDATE ... USING TTL <retention> SET state = 'done' ... IF state != 'done'`.
+- `done`: `UPDATE ... USING TTL <keep> SET state = 'done' ... IF state != 'done'`, the
+  keep being the retention or the longer one the caller asks (no TTL at all for one
+  that would end after Cassandra's last expiry time, 2038).
   A missing row compares as null, so this applies on the caller's live claim, on a
   claim that expired (the effect did happen), and on another owner's claim taken after
   the caller's expired (that owner is running the effect again; whatever it does, the
@@ -67,6 +69,7 @@ from scheduler.adapters.cassandra.connection import (
 from scheduler.adapters.cassandra.refusals import raise_if_denied
 from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.ports import EffectClaim
+from scheduler.retention import LAST_EXPIRY_S
 from scheduler.settings import CassandraSettings, check_keyspace
 
 if TYPE_CHECKING:
@@ -146,9 +149,11 @@ class CassandraEffectLedger:
             return EffectClaim.CLAIMED
         return EffectClaim.BUSY
 
-    def done(self, scope: str, key: str, owner: str) -> None:
+    def done(self, scope: str, key: str, owner: str, keep_s: float = 0.0) -> None:
         _check_names(scope, key, owner)
-        self._run("done", (self._retention_ttl, owner, _now_ms(), scope, key))  # not applied: already done
+        asked = _ttl(keep_s, "keep_s", cap=True) if keep_s else self._retention_ttl
+        ttl = 0 if asked == 0 else max(self._retention_ttl, asked)  # 0: no expiry, kept for good
+        self._run("done", (ttl, owner, _now_ms(), scope, key))  # not applied: already done
 
     def release(self, scope: str, key: str, owner: str) -> None:
         _check_names(scope, key, owner)
@@ -177,12 +182,15 @@ class CassandraEffectLedger:
             self._connection.close()
 
 
-def _ttl(seconds: float, name: str) -> int:
+def _ttl(seconds: float, name: str, *, cap: bool = False) -> int:
     """The TTL, in whole seconds, of cells that must outlive `seconds` (see the module's
-    docstring), refusing what Cassandra would refuse."""
+    docstring), refusing what Cassandra would refuse; with `cap`, 0 (no expiry) for
+    cells that would outlive what Cassandra can expire (`retention.LAST_EXPIRY_S`)."""
     if not seconds > 0 or not math.isfinite(seconds):
         raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
     ttl = math.ceil(seconds) + 1
+    if cap and (ttl > MAX_TTL_S or time.time() + ttl > LAST_EXPIRY_S):
+        return 0
     if ttl > MAX_TTL_S:
         raise ValueError(f"{name} is at most {MAX_TTL_S - 1} s (Cassandra keeps data up to 20 years), got {seconds!r}")
     return ttl

@@ -10,9 +10,9 @@ using the file:
 - `claim`: a live done record is `DONE`; a live claim of the same owner `CLAIMED` (not
   extended); a live claim of another owner `BUSY`; otherwise the row is (re)written as
   the caller's claim until now + `ttl_s`.
-- `done`: the row becomes a done record kept for the retention, whoever held the claim
-  (the effect did happen), unless a live done record is there already (it keeps its
-  first time).
+- `done`: the row becomes a done record kept for the retention, or the longer `keep_s`
+  the caller asks, whoever held the claim (the effect did happen), unless a live done
+  record is there already (it keeps its first time and end).
 - `release`: deletes the row only if it is the caller's claim, never a done record.
 
 These are the Cassandra ledger's rules (`scheduler.adapters.cassandra.effects`), held to
@@ -119,8 +119,9 @@ class SqliteEffectLedger:
             self._purge(db, now)
             return EffectClaim.CLAIMED
 
-    def done(self, scope: str, key: str, owner: str) -> None:
+    def done(self, scope: str, key: str, owner: str, keep_s: float = 0.0) -> None:
         _check_names(scope, key, owner)
+        keep_ms = max(self._retention_ms, _duration_ms(keep_s, "keep_s") if keep_s else 0)
         with self._transaction() as db:
             now = self._clock_ms()
             db.execute(
@@ -129,7 +130,7 @@ class SqliteEffectLedger:
                 "ON CONFLICT (scope, effect_key) DO UPDATE SET owner = excluded.owner, state = 'done', "
                 "recorded_ms = excluded.recorded_ms, expires_ms = excluded.expires_ms "
                 "WHERE state != 'done' OR expires_ms <= ?",
-                (scope, key, owner, now, now + self._retention_ms, now),
+                (scope, key, owner, now, now + keep_ms, now),
             )
 
     def release(self, scope: str, key: str, owner: str) -> None:
