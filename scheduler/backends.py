@@ -131,7 +131,7 @@ def open_workflows(settings: BackendSettings, store: TaskStore) -> AbstractConte
     def embedded() -> WorkflowStore:
         from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
 
-        return SqliteWorkflowStore(settings.db)
+        return SqliteWorkflowStore(settings.db, retention_s=store.retention_s)
 
     def cassandra(tasks: CassandraTaskStore) -> WorkflowStore:
         from scheduler.adapters.cassandra.workflows import CassandraWorkflowStore
@@ -225,7 +225,7 @@ class DispatcherParts:
     """Where the dispatcher's counts and heartbeat go (`scheduler status`)."""
     purgers: dict[str, Callable[[int, int], int]] = field(default_factory=dict)
     """What deletes rows past their retention, by name (`scheduler.dispatcher.purge`): the
-    embedded backend's task store and queue. None on Cassandra and Kafka, whose TTLs and
+    embedded backend's task store, queue and ended workflows. None on Cassandra and Kafka, whose TTLs and
     `retention.ms` expire their own."""
 
 
@@ -246,6 +246,7 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
         if settings.backend == "embedded":
             from scheduler.adapters.embedded.coordinator import SqliteCoordinator
             from scheduler.adapters.embedded.queue import SqliteQueue
+            from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
 
             queue = SqliteQueue(settings.queue_path, handoff_topic=settings.kafka.handoff_topic,
                         dead_letter_topic=settings.kafka.dead_letter_topic)
@@ -254,7 +255,10 @@ def open_dispatcher_parts(settings: BackendSettings, member: str) -> Iterator[Di
             reader = queue.handoff_reader(settings.kafka.dispatcher_group)
             coordinator = SqliteCoordinator(settings.coordinator_path,
                                             session_timeout_s=settings.zookeeper.session_timeout_s)
-            purgers = {"task store": store.purge_expired, "queue": queue.purge_expired}
+            workflows = SqliteWorkflowStore(settings.db, retention_s=store.retention_s)
+            stack.callback(workflows.close)
+            purgers = {"task store": store.purge_expired, "queue": queue.purge_expired,
+                       "workflows": workflows.purge_expired}
         else:
             from scheduler.adapters.kafka.handoff import KafkaHandoffReader
             from scheduler.adapters.kafka.publisher import KafkaPublisher

@@ -25,6 +25,9 @@ cancel in the home row, whatever the retention; without it, a retention shorter 
 retry's wait would let a cancelled task run again. (An attempt still running more than
 a day after the cancel, that then fails, schedules a retry the floor may not cover.)
 
+A workflow's rows are kept until the retention after it ended (`workflow_kept_s`): while
+it runs, nothing of it expires, whatever its steps take.
+
 The retention is recorded in the store (`scheduler retention set`), so every process
 writing a partition gives it the same end; a process reads it when it opens the store.
 """
@@ -36,7 +39,7 @@ from datetime import UTC, datetime
 
 from scheduler.errors import ConfigError
 from scheduler.model import BUCKET_MS, MAX_RETRY_DELAY_S, TaskId, minute_bucket
-from scheduler.settings import QUEUE_RETENTION_MS
+from scheduler.settings import DEAD_LETTER_RETENTION_MS, QUEUE_RETENTION_MS
 
 DEFAULT_RETENTION_S = 7 * 86_400
 MIN_RETENTION_S = 60
@@ -79,6 +82,17 @@ def effect_kept_s(retention_s: int, attempts_left: int) -> int:
         raise ValueError(f"attempts_left must be at least 0, got {attempts_left!r}")
     wait = max(retention_s, QUEUE_RETENTION_MS // 1000)
     return max(retention_s, attempts_left * (int(MAX_RETRY_DELAY_S) + wait) + wait + 86_400)
+
+
+def workflow_kept_s(retention_s: int, *, reopenable: bool) -> int:
+    """How long a workflow's rows (its record, its members' ends, its claims) are kept
+    after it ended: the retention, as its members' tasks are, which have all been
+    written by then. A failed workflow is `reopenable`: replaying its dead member's
+    dead letter opens it again, so it is kept at least as long as dead letters are, 30
+    days, plus a day."""
+    if reopenable:
+        return max(retention_s, DEAD_LETTER_RETENTION_MS // 1000 + 86_400)
+    return retention_s
 
 
 _DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")

@@ -5,6 +5,7 @@ server (fresh keyspace, on the task store's session)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
@@ -16,7 +17,9 @@ from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.adapters.embedded.workflows import SqliteWorkflowStore
 from scheduler.model import TaskId
 from scheduler.ports import WHOLE, Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState, WorkflowStore
-from tests.support import all_at_once
+from scheduler.retention import workflow_kept_s
+from scheduler.settings import DEAD_LETTER_RETENTION_MS
+from tests.support import all_at_once, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -271,3 +274,101 @@ def test_the_same_workflow_id_under_two_tenants_is_two_workflows(workflows: Work
     assert workflows.claims("board", "wf-1") == [] and workflows.claims(TENANT, "wf-1") == [claim]
     assert workflows.start_check("board", "wf-1", "a", 0) == (RUNNING, None, None)
     assert workflows.claim("board", "wf-1", "a", WHOLE, NOW_MS + 7, RUNNING) == Claim("a", WHOLE, NOW_MS + 7, False)
+
+
+KEPT_S = 2
+"""The retention of the stores below: short, so that Cassandra's TTLs run out in a test."""
+
+
+@pytest.fixture(params=["sqlite", pytest.param("cassandra", marks=pytest.mark.integration)])
+def kept(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[WorkflowStore, Callable[[int], bool]]]:
+    """A workflow store with a retention of `KEPT_S`, and `gone(at_ms)`: whether what has
+    expired by `at_ms` is gone (the embedded store purges then, as the dispatcher's purge
+    pass does; Cassandra's TTLs need no one, and count from the wall clock)."""
+    if request.param == "sqlite":
+        tasks = SqliteTaskStore(tmp_path / "tasks.db")
+        sqlite = SqliteWorkflowStore(tmp_path / "tasks.db", retention_s=KEPT_S)
+        try:
+            yield sqlite, lambda at_ms: sqlite.purge_expired(at_ms, 1000) >= 0
+        finally:
+            sqlite.close()
+            tasks.close()
+    else:
+        from scheduler.adapters.cassandra.store import CassandraTaskStore
+        from scheduler.adapters.cassandra.workflows import CassandraWorkflowStore
+
+        cassandra = CassandraTaskStore.open(request.getfixturevalue("keyspace"))
+        try:
+            yield CassandraWorkflowStore(cassandra.connection, cassandra.keyspace, retention_s=KEPT_S), lambda _: True
+        finally:
+            cassandra.close()
+
+
+def filled(workflows: WorkflowStore, workflow_id: str) -> None:
+    created(workflows, workflow_id)
+    for index in range(3):
+        workflows.record_member(TENANT, workflow_id, member("a", index), b"\xa2ok" if index else None)
+    assert workflows.claim(TENANT, workflow_id, "b", WHOLE, NOW_MS, RUNNING) is not None
+    workflows.mark_created(TENANT, workflow_id, "b", WHOLE)
+
+
+def present(workflows: WorkflowStore, workflow_id: str) -> tuple[bool, int, int]:
+    """Whether the record is there, and how many member and claim rows."""
+    return (workflows.read(TENANT, workflow_id) is not None, len(workflows.members(TENANT, workflow_id)),
+            len(workflows.claims(TENANT, workflow_id)))
+
+
+@pytest.mark.parametrize("end", [SUCCEEDED, CANCELLED])
+def test_an_ended_workflow_is_removed_the_retention_after_its_end_and_a_running_one_never(
+    kept: tuple[WorkflowStore, Callable[[int], bool]], end: WorkflowState
+) -> None:
+    """Record, members and claims go together, all of them (a row left behind would be a
+    leak no one removes); nothing of a running workflow expires, however long it runs."""
+    workflows, gone = kept
+    filled(workflows, "ending")
+    filled(workflows, "running")
+    assert workflows.transition(TENANT, "ending", (RUNNING,), end, NOW_MS) is end
+    assert gone(NOW_MS + KEPT_S * 1000 - 1) and present(workflows, "ending") == (True, 3, 1)
+    wait_until(lambda: gone(NOW_MS + KEPT_S * 1000) and present(workflows, "ending") == (False, 0, 0),
+               timeout_s=15, interval_s=0.2, what="the ended workflow to expire")
+    assert gone(NOW_MS + 365 * 86_400_000) and present(workflows, "running") == (True, 3, 1)
+
+
+def test_a_failed_workflow_is_kept_while_a_replay_may_open_it_and_an_opened_one_for_good(
+    kept: tuple[WorkflowStore, Callable[[int], bool]]
+) -> None:
+    """A replay of a dead member opens its failed workflow again (dead letters are kept 30
+    days), and opened, the workflow runs again: nothing of it may expire."""
+    workflows, gone = kept
+    filled(workflows, "failed")
+    filled(workflows, "reopened")
+    for workflow_id in ("failed", "reopened"):
+        assert workflows.transition(TENANT, workflow_id, (RUNNING,), FAILED, NOW_MS) is FAILED
+    assert workflows.transition(TENANT, "reopened", (FAILED,), RUNNING, NOW_MS + 1) is RUNNING
+    kept_ms = workflow_kept_s(KEPT_S, reopenable=True) * 1000
+    assert kept_ms > DEAD_LETTER_RETENTION_MS
+    time.sleep(KEPT_S + 1.5)  # past the retention: a TTL of it would have run out on Cassandra
+    assert gone(NOW_MS + kept_ms - 1) and present(workflows, "failed") == (True, 3, 1)
+    assert gone(NOW_MS + 365 * 86_400_000) and present(workflows, "reopened") == (True, 3, 1)
+
+
+def test_a_member_ending_after_its_workflow_keeps_it_the_retention_from_then(tmp_path: Path) -> None:
+    """A step still running when its workflow was cancelled ends later: the workflow, its
+    row with it, is kept the retention from that end (embedded; see the Cassandra
+    adapter's docstring for its one leak)."""
+    tasks = SqliteTaskStore(tmp_path / "tasks.db")
+    workflows = SqliteWorkflowStore(tmp_path / "tasks.db", retention_s=KEPT_S)
+    try:
+        filled(workflows, "cancelled")
+        assert workflows.transition(TENANT, "cancelled", (RUNNING,), CANCELLED, NOW_MS) is CANCELLED
+        late = replace(member("b", 0, MemberOutcome.CANCELLED), finished_ms=NOW_MS + 60_000)
+        workflows.record_member(TENANT, "cancelled", late, None)
+        assert workflows.purge_expired(NOW_MS + 60_000 + KEPT_S * 1000 - 1, 1000) == 0
+        assert workflows.purge_expired(NOW_MS + 60_000 + KEPT_S * 1000, 2) == 2  # a limit cut it short
+        assert workflows.purge_expired(NOW_MS + 60_000 + KEPT_S * 1000, 1000) == 4
+        assert present(workflows, "cancelled") == (False, 0, 0)
+        with pytest.raises(ValueError, match="limit must be positive"):
+            workflows.purge_expired(NOW_MS, 0)
+    finally:
+        workflows.close()
+        tasks.close()

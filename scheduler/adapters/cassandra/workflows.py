@@ -11,8 +11,9 @@ the other's row, and one of them must see both. The lightweight transactions (at
 connection's serial consistency, LOCAL_SERIAL):
 
 - `create`: `INSERT ... IF NOT EXISTS` of the static columns only;
-- `transition`: `UPDATE ... SET state = ?, ended_ms = ? IF state IN ?`, on the static
-  columns;
+- `transition`: `UPDATE ... USING TTL ? SET state = ?, ended_ms = ?, definition = ?,
+  created_ms = ? IF state IN ?`, on the static columns: every one of them, so that the
+  record ends with the TTL the new state gives it (below);
 - `claim`: `UPDATE ... SET run_at_ms = ? WHERE ... AND kind = 'c' AND step = ? AND idx = ?
   IF run_at_ms = null AND state = ?`: the claim row's cell and the partition's static
   state in one condition, all or nothing. A refusal answers with both, so the caller
@@ -29,6 +30,15 @@ An answer that times out may or may not have been applied; it is a `StoreError`.
 Repeating the call is safe: a claim then returns the claim that holds (the caller's own
 if it was applied), a transition the state the workflow has.
 
+How long a workflow is kept: nothing of it has a TTL while it runs, whatever its steps
+take. The state change that ends it writes its record with the TTL of
+`retention.workflow_kept_s` (the retention; a failed one, which a replay may open
+again, the dead letters' 30 days and a day), and then its member and claim rows again
+with that TTL (`_keep_rows`); opening a failed one again writes them all with none. The
+claims' `run_at_ms`, set by a transaction, is written again by a plain write: a writer
+whose clock is behind the ballot's leaves that cell without a TTL (a leak, never a
+change: the value is the same).
+
 A member's "no error" is written as '' rather than null (a null would be a tombstone
 per member) and read back as None.
 
@@ -41,21 +51,26 @@ dead-letter replay that succeeds reads as done even if its writer's clock is beh
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cassandra import ConsistencyLevel
-from cassandra.query import UNSET_VALUE
+from cassandra.cluster import NoHostAvailable
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 
 from scheduler.adapters.cassandra.connection import (
+    DRIVER_ERRORS,
     CassandraConnection,
     answer_column,
     prepare_for_table,
     run_prepared,
 )
-from scheduler.errors import StoreError
+from scheduler.adapters.cassandra.refusals import raise_if_denied
+from scheduler.errors import StoreError, StoreUnavailable
 from scheduler.model import TaskId
 from scheduler.ports import Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState
+from scheduler.retention import DEFAULT_RETENTION_S, LAST_EXPIRY_S, workflow_kept_s
 from scheduler.settings import check_keyspace
 
 if TYPE_CHECKING:
@@ -90,7 +105,15 @@ _QUERIES = {
     "claims": f"SELECT step, idx, run_at_ms, created FROM {{keyspace}}.workflows WHERE {_KEY} AND kind = 'c'",
     "mark_created": f"UPDATE {{keyspace}}.workflows SET created = true "
                     f"WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ?",
-    "transition": f"UPDATE {{keyspace}}.workflows SET state = ?, ended_ms = ? WHERE {_KEY} IF state IN ?",
+    "transition": f"UPDATE {{keyspace}}.workflows USING TTL ? SET state = ?, ended_ms = ?, definition = ?, "
+                  f"created_ms = ? WHERE {_KEY} IF state IN ?",
+    "rows": f"SELECT kind, step, idx, {_MEMBER}, result, done_ms, run_at_ms, created FROM {{keyspace}}.workflows "
+            f"WHERE {_KEY}",
+    "keep_member": "INSERT INTO {keyspace}.workflows "
+                   f"(tenant, workflow, kind, step, idx, {_MEMBER}, result, done_ms) "
+                   "VALUES (?, ?, 'm', ?, ?, ?, ?, ?, ?, ?, ?, ?) USING TTL ?",
+    "keep_claim": f"UPDATE {{keyspace}}.workflows USING TTL ? SET run_at_ms = ?, created = ? "
+                  f"WHERE {_KEY} AND kind = 'c' AND step = ? AND idx = ?",
 }
 
 _SERIAL_QUERIES = {
@@ -101,6 +124,8 @@ _SERIAL_QUERIES = {
 """Reads made at the serial consistency (see the module's docstring)."""
 
 _WHAT = "workflow store"
+_KEEP_BATCH = 100
+"""Rows a batch of `_keep_rows` writes again: one partition's, so one replica set."""
 _WEAK = (ConsistencyLevel.ANY, ConsistencyLevel.ONE, ConsistencyLevel.TWO, ConsistencyLevel.THREE,
          ConsistencyLevel.LOCAL_ONE)
 """Levels whose reads may miss an acknowledged write: the workflow store's reads and
@@ -112,8 +137,10 @@ class CassandraWorkflowStore:
     """The distributed `WorkflowStore`, on a task store's session
     (`CassandraWorkflowStore.for_store`). Thread-safe (the driver's session is)."""
 
-    def __init__(self, connection: CassandraConnection, keyspace: str) -> None:
+    def __init__(self, connection: CassandraConnection, keyspace: str, *,
+                 retention_s: int = DEFAULT_RETENTION_S) -> None:
         check_keyspace(keyspace)
+        self._retention_s = retention_s
         self._session = connection.session
         self.keyspace = keyspace
         self._q = prepare_for_table(self._session, {**_QUERIES, **_SERIAL_QUERIES}, keyspace, _WHAT, "workflows")
@@ -129,7 +156,7 @@ class CassandraWorkflowStore:
     def for_store(cls, store: CassandraTaskStore) -> CassandraWorkflowStore:
         """A workflow store in the task store's keyspace, on its session (closing it does
         nothing; it is unusable once the task store is closed)."""
-        return cls(store.connection, store.keyspace)
+        return cls(store.connection, store.keyspace, retention_s=store.retention_s)
 
     def _run(self, name: str, values: tuple[object, ...]) -> Any:
         return run_prepared(self._session, self._q, name, values, _WHAT)
@@ -218,15 +245,64 @@ class CassandraWorkflowStore:
                    to: WorkflowState, at_ms: int) -> WorkflowState | None:
         if not from_states:
             return self._state(tenant, workflow_id)  # nothing to move from (and CQL refuses IN ())
+        stored = self.read(tenant, workflow_id)
+        if stored is None:
+            return None
         ended = None if to is WorkflowState.RUNNING else at_ms
-        result = self._run("transition", (to.value, ended, tenant, workflow_id, [s.value for s in from_states]))
+        ttl = 0 if to is WorkflowState.RUNNING else _ttl(
+            workflow_kept_s(self._retention_s, reopenable=to is WorkflowState.FAILED))
+        result = self._run("transition", (ttl, to.value, ended, stored.definition, stored.created_ms, tenant,
+                                          workflow_id, [s.value for s in from_states]))
         if result.was_applied:
+            self._keep_rows(tenant, workflow_id, ttl)
             return to
         state = answer_column(result, "state")
         return None if state is None else WorkflowState(state)
 
+    def _keep_rows(self, tenant: str, workflow_id: str, ttl: int) -> None:
+        """Write the workflow's member and claim rows again with `ttl` (0: none), the TTL
+        its state change gave its record, so they end together. Unlogged batches of one
+        partition. A member that ends later writes its row with no TTL (a step still
+        running when its workflow was cancelled): that row outlives the workflow, the
+        one leak there is, against rows of a running workflow that could expire."""
+        batch: BatchStatement | None = None
+        for row in self._run("rows", (tenant, workflow_id)):
+            kind, step, index, *cells = row
+            if kind is None:
+                continue  # the record alone: no member or claim yet
+            if batch is None:
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED,
+                                       consistency_level=self._q["keep_member"].consistency_level)
+            values = [UNSET_VALUE if cell is None else cell for cell in cells]
+            if kind == "m":
+                batch.add(self._q["keep_member"], (tenant, workflow_id, step, index, *values[:7], ttl))
+            else:
+                batch.add(self._q["keep_claim"], (ttl, values[7], values[8], tenant, workflow_id, step, index))
+            if len(batch) >= _KEEP_BATCH:
+                self._execute_batch(batch)
+                batch = None
+        if batch is not None:
+            self._execute_batch(batch)
+
+    def _execute_batch(self, batch: BatchStatement) -> None:
+        try:
+            self._session.execute(batch)
+        except NoHostAvailable as exc:
+            raise StoreUnavailable(f"no Cassandra node could take the {_WHAT}'s rows' TTL: {exc}") from exc
+        except DRIVER_ERRORS as exc:
+            raise_if_denied(exc, self._session, f"the {_WHAT}'s rows' TTL")
+            raise StoreError(f"{_WHAT} rows' TTL failed: {type(exc).__name__}: {exc}") from exc
+
     def close(self) -> None:
         """Nothing: the session is the task store's."""
+
+
+def _ttl(seconds: int) -> int:
+    """The TTL of cells that must outlive `seconds` (a second more: Cassandra counts a TTL
+    from the start of the second it was written in); 0, none, for cells that would end
+    after Cassandra's last expiry time (`retention.LAST_EXPIRY_S`)."""
+    ttl = seconds + 1
+    return 0 if time.time() + ttl > LAST_EXPIRY_S else ttl
 
 
 def _record(tenant: str, workflow_id: str, row: Any) -> WorkflowRecord:

@@ -6,6 +6,13 @@ transaction, so its read and its write are one step for every thread and process
 the file: the same conditions as the Cassandra adapter's lightweight transactions
 (`scheduler.adapters.cassandra.workflows`), held to the same contract suite. A claim
 and a state change of one workflow are therefore ordered, whichever comes first.
+
+A workflow that ended is kept `retention.workflow_kept_s` after its end, and after any
+member that ends later (a step still running when it was cancelled): its row in
+`workflow_ends` says until when, and `purge_expired` (the dispatcher's purge pass)
+deletes the workflow with its members and claims once that has passed. A workflow
+opened again (a failed one whose dead member was replayed) loses that row: nothing of a
+running workflow expires.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from scheduler.adapters.embedded.sqlite import locked_transaction, open_store_fi
 from scheduler.errors import StoreError
 from scheduler.model import TaskId
 from scheduler.ports import Claim, Member, MemberOutcome, WorkflowRecord, WorkflowState
+from scheduler.retention import DEFAULT_RETENTION_S, workflow_kept_s
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workflows (
@@ -54,6 +62,13 @@ CREATE TABLE IF NOT EXISTS workflow_claims (
     created     INTEGER NOT NULL,   -- every task of the unit is stored
     PRIMARY KEY (tenant, workflow_id, step, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS workflow_ends (
+    tenant        TEXT    NOT NULL,
+    workflow_id   TEXT    NOT NULL,
+    kept_until_ms INTEGER NOT NULL, -- the ended workflow is removed from this time on
+    PRIMARY KEY (tenant, workflow_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS workflow_ends_by_time ON workflow_ends (kept_until_ms);
 """
 
 _KEY = "tenant = ? AND workflow_id = ?"
@@ -65,7 +80,9 @@ class SqliteWorkflowStore:
     """The embedded `WorkflowStore`, in the SQLite file at `path` (usually the task
     store's). Thread-safe; processes sharing the file see one store."""
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | Path, *, retention_s: int = DEFAULT_RETENTION_S,
+                 busy_timeout_s: float = 30.0) -> None:
+        self._retention_s = retention_s
         self._lock = threading.Lock()
         self._db = open_store_file(path, SCHEMA, _WHAT, busy_timeout_s=busy_timeout_s)
         self.path = str(path)
@@ -126,6 +143,10 @@ class SqliteWorkflowStore:
                 (tenant, workflow_id, member.step, member.index, member.outcome.value, member.task_id.bytes,
                  member.attempt, member.finished_ms, member.error or None, result),
             )
+            # A member ending after its workflow (one still running when it was cancelled)
+            # keeps the workflow the retention from its end.
+            db.execute(f"UPDATE workflow_ends SET kept_until_ms = max(kept_until_ms, ?) WHERE {_KEY}",
+                       (member.finished_ms + self._retention_s * 1000, tenant, workflow_id))
 
     def members(self, tenant: str, workflow_id: str, steps: tuple[str, ...] | None = None) -> list[Member]:
         sql = f"SELECT {_MEMBER} FROM workflow_members WHERE {_KEY}"
@@ -186,7 +207,39 @@ class SqliteWorkflowStore:
                 return state
             ended = None if to is WorkflowState.RUNNING else at_ms
             db.execute(f"UPDATE workflows SET state = ?, ended_ms = ? WHERE {_KEY}", (to.value, ended, *key))
+            if to is WorkflowState.RUNNING:
+                db.execute(f"DELETE FROM workflow_ends WHERE {_KEY}", key)
+            else:
+                kept_s = workflow_kept_s(self._retention_s, reopenable=to is WorkflowState.FAILED)
+                db.execute("INSERT OR REPLACE INTO workflow_ends (tenant, workflow_id, kept_until_ms) "
+                           "VALUES (?, ?, ?)", (*key, at_ms + kept_s * 1000))
             return to
+
+    def purge_expired(self, now_ms: int, limit: int) -> int:
+        """Delete up to `limit` rows of the workflows whose keep ended by `now_ms` (a
+        workflow's members and claims first, its record last, so a purge cut short by
+        `limit` goes on where it stopped); return how many rows went. One short
+        transaction, like the task store's purge."""
+        if limit < 1:
+            raise ValueError(f"limit must be positive, got {limit}")
+        removed = 0
+        with self._transaction() as db:
+            ended = db.execute("SELECT tenant, workflow_id FROM workflow_ends WHERE kept_until_ms <= ? "
+                               "ORDER BY kept_until_ms LIMIT ?", (now_ms, limit)).fetchall()
+            for key in ended:
+                for table in ("workflow_members", "workflow_claims"):
+                    removed += db.execute(
+                        f"DELETE FROM {table} WHERE (tenant, workflow_id, step, idx) IN "
+                        f"(SELECT tenant, workflow_id, step, idx FROM {table} WHERE {_KEY} LIMIT ?)",
+                        (*key, limit - removed),
+                    ).rowcount
+                    if removed >= limit:
+                        return removed
+                removed += db.execute(f"DELETE FROM workflows WHERE {_KEY}", key).rowcount
+                db.execute(f"DELETE FROM workflow_ends WHERE {_KEY}", key)
+                if removed >= limit:
+                    break
+        return removed
 
     def close(self) -> None:
         with self._lock:
