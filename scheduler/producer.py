@@ -75,7 +75,6 @@ from scheduler.model import (
     check_name,
     check_run_at_ms,
     encode_payload,
-    minute_bucket,
     to_ms,
     valid_max_attempts,
 )
@@ -306,8 +305,7 @@ class Client:
                     f"only submit a task up to {LATE_WRITE_LIMIT_MS // 1000} s after its time (dispatchers find "
                     "rows written later only through the hand-off): make the client with scheduler.connect()"
                 )
-            elif self.store is not None and now >= retention.expires_ms(minute_bucket(run_at_ms),
-                                                                        self.store.retention_s):
+            elif self.store is not None and run_at_ms < retention.oldest_keyed_run_ms(self.store.retention_s, now):
                 # Its task, if it ran, is past the retention and gone: storing it again
                 # would run it again rather than find it.
                 raise InvalidTask(

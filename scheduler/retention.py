@@ -104,6 +104,16 @@ def expires_ms(bucket_ms: int, retention_s: int) -> int:
     return bucket_ms + BUCKET_MS + retention_s * 1000
 
 
+def oldest_keyed_run_ms(retention_s: int, now_ms: int) -> int:
+    """The earliest `run_at` a task with an idempotency key may have to be stored at
+    `now_ms`: one due earlier is in a partition past its retention (`expires_ms`), where
+    a task its key named may have run and be gone, so storing it would run it again. A
+    minute boundary: `run_at >= oldest_keyed_run_ms(r, now)` exactly when
+    `now < expires_ms(minute_bucket(run_at), r)`."""
+    last_expired = now_ms - BUCKET_MS - retention_s * 1000  # a bucket at or before this has expired
+    return (last_expired // BUCKET_MS + 1) * BUCKET_MS
+
+
 def task_expires_ms(task_id: TaskId, retention_s: int) -> int:
     """When the home row of `task_id` expires if it was written and ended within its
     minute (its id carries its minute)."""
