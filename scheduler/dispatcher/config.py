@@ -134,6 +134,8 @@ class Stats:
     schedule_passes: int = 0
     schedule_runs_created: int = 0
     schedule_misfires: int = 0
+    schedule_skipped_retention: int = 0
+    schedule_skipped_refused: int = 0
     schedule_failures: int = 0
     gated: int = 0
     released: int = 0

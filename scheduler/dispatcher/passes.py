@@ -7,8 +7,10 @@ before. The **schedule thread** runs, every `schedule_interval_ms` for each shar
 one pass of `scheduler.recurring.runner` over the shard's schedules: it creates the runs
 due within its lookahead (90 s) through the producer, so runs due soon reach their own
 shard's owner by the hand-off, and advances each schedule with a write fenced by the
-lease's token. It never touches the wheels; a pass stops as soon as the lease is no
-longer valid, and a fenced answer drops the shard like a refused cursor.
+lease's token; a slot that can get no run (past the store's retention, or refused) is
+skipped, logged and counted (`schedule_slots_skipped`), never retried for ever. It
+never touches the wheels; a pass stops as soon as the lease is no longer valid, and a
+fenced answer drops the shard like a refused cursor.
 """
 
 from __future__ import annotations
@@ -147,6 +149,8 @@ class SchedulePass:
         ctx.stats.schedule_passes += 1
         ctx.stats.schedule_runs_created += result.created
         ctx.stats.schedule_misfires += result.missed
+        ctx.stats.schedule_skipped_retention += result.skipped
+        ctx.stats.schedule_skipped_refused += result.refused
         ctx.stats.schedule_failures += result.failed
         if result.created:
             log.info("created %d run(s) of recurring schedules of shard %d", result.created, shard,

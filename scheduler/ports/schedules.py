@@ -51,10 +51,13 @@ class ScheduleStore(Protocol):
         """Every schedule (of `tenant`, when given), by tenant and name. Reads every shard."""
         ...
 
-    def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
+    def advance(self, schedule: Schedule, next_slot_ms: int, token: int, *, skipped: int = 0,
+                last_skipped_ms: int | None = None) -> AdvanceOutcome:
         """Move the schedule's next slot from `schedule.next_slot_ms` to `next_slot_ms` and
         raise the shard's fence to `token`, all or nothing, if the stored schedule exists,
-        is not paused, still has that next slot, and `token` is at least the fence."""
+        is not paused, still has that next slot, and `token` is at least the fence. With
+        `skipped` > 0, the same write adds it to the schedule's `skipped` count and records
+        `last_skipped_ms` as its last skipped slot."""
         ...
 
     def pause(self, schedule_id: uuid.UUID) -> bool:

@@ -90,6 +90,11 @@ class Schedule:
     next_slot_ms: int
     created_ms: int
     paused: bool = False
+    skipped: int = 0
+    """Slots left without a run because they were past the store's retention when the
+    schedule reached them, or their run was refused (`scheduler.recurring.runner`)."""
+    last_skipped_ms: int | None = None
+    """The latest of those slots."""
 
     @property
     def id(self) -> uuid.UUID:

@@ -55,6 +55,12 @@ class DispatcherCollector(Collector):
         skipped.add_metric(["cancelled"], stats.skipped_cancelled)
         skipped.add_metric(["duplicate"], stats.duplicates_dropped)
         yield skipped
+        schedule_skips = CounterMetricFamily(PREFIX + "schedule_slots_skipped",
+                                             "Slots of recurring schedules passed over without a run, by why.",
+                                             labels=["reason"])
+        schedule_skips.add_metric(["retention"], stats.schedule_skipped_retention)
+        schedule_skips.add_metric(["refused"], stats.schedule_skipped_refused)
+        yield schedule_skips
         yield _counter("unreadable_rows", "Stored rows that could not be read, dead-lettered with their raw columns.",
                        stats.bad_rows)
         yield _counter("rows_purged", "Rows past their retention deleted from the embedded backend's files.",

@@ -141,3 +141,22 @@ def test_a_schedule_deleted_and_added_again_is_not_advanced_from_the_old_read(sc
     assert schedules.advance(old, old.next_slot_ms + 3_600_000, token=1) is AdvanceOutcome.CHANGED
     assert schedules.get(again.id) == again
     assert schedules.advance(again, again.next_slot_ms + 86_400_000, token=1) is AdvanceOutcome.APPLIED
+
+
+def test_an_advance_past_skipped_slots_counts_them_with_the_schedule(schedules: ScheduleStore) -> None:
+    schedule = make()
+    schedules.create(schedule)
+    fresh = schedules.get(schedule.id)
+    assert fresh is not None and (fresh.skipped, fresh.last_skipped_ms) == (0, None)
+    day = 86_400_000
+    assert schedules.advance(schedule, schedule.next_slot_ms + 3 * day, token=1, skipped=2,
+                             last_skipped_ms=schedule.next_slot_ms + day) is AdvanceOutcome.APPLIED
+    once = schedules.get(schedule.id)
+    assert once is not None and (once.skipped, once.last_skipped_ms) == (2, schedule.next_slot_ms + day)
+    assert schedules.advance(once, once.next_slot_ms + day, token=1) is AdvanceOutcome.APPLIED  # none skipped
+    kept = schedules.get(schedule.id)
+    assert kept is not None and (kept.skipped, kept.last_skipped_ms) == (2, schedule.next_slot_ms + day)
+    assert schedules.advance(kept, kept.next_slot_ms + 2 * day, token=1, skipped=1,
+                             last_skipped_ms=kept.next_slot_ms) is AdvanceOutcome.APPLIED
+    assert schedules.list_shard(schedule.shard(schedules.shard_count)) == [
+        replace(schedule, next_slot_ms=kept.next_slot_ms + 2 * day, skipped=3, last_skipped_ms=kept.next_slot_ms)]

@@ -1,19 +1,21 @@
 """A recurring schedule on the embedded backend: added with `scheduler schedule add`, its
-next minute's run is created by a real `scheduler dispatcher` process and fired once."""
+next minute's run is created by a real `scheduler dispatcher` process and fired once; a
+file made before schedules counted skipped slots gets the columns when opened."""
 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from scheduler.adapters.embedded.queue import SqliteQueue
-from scheduler.adapters.embedded.schedules import SqliteScheduleStore
+from scheduler.adapters.embedded.schedules import SCHEMA, SqliteScheduleStore
 from scheduler.adapters.embedded.store import SqliteTaskStore
 from scheduler.cli import Exit
 from scheduler.model import TaskId, decode_message
-from scheduler.recurring.schedule import run_key, schedule_id
+from scheduler.recurring.schedule import run_key, schedule_id, schedule_shard
 from scheduler.settings import READY_TOPICS, KafkaSettings
 from tests.dispatchers import Fleet
 from tests.support import run_cli, wait_until
@@ -54,3 +56,21 @@ def test_a_minutely_schedule_fires_its_next_slot_once(tmp_path: Path) -> None:
         queue.close()
         schedules.close()
         store.close()
+
+
+def test_a_file_made_before_skipped_slots_were_counted_gets_the_columns(tmp_path: Path) -> None:
+    db = tmp_path / "tasks.db"
+    old = "\n".join(line for line in SCHEMA.splitlines() if "skipped" not in line)
+    with sqlite3.connect(db) as opened:
+        opened.executescript(old)
+        made = schedule_id("college", "old")
+        opened.execute("INSERT INTO schedules VALUES (?, ?, 'college', 'old', '0 * * * *', 'UTC', 'report', ?, 1, 3, "
+                       "'once', 60, 0, 1790000000000, 0, 1789000000000)", (schedule_shard(made, 64), made.bytes,
+                                                                           b"\xc0"))
+    schedules = SqliteScheduleStore(db)
+    try:
+        stored = schedules.get(schedule_id("college", "old"))
+        assert stored is not None and (stored.skipped, stored.last_skipped_ms) == (0, None)
+    finally:
+        schedules.close()
+    SqliteScheduleStore(db).close()  # opened again: nothing to add, no error

@@ -124,7 +124,8 @@ def test_a_crash_between_creating_a_run_and_advancing_leaves_one_task_per_slot(r
     rig.clock.now_ms = utc_ms("2026-12-01T08:59")
 
     class CrashingAdvance(SqliteScheduleStore):
-        def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
+        def advance(self, schedule: Schedule, next_slot_ms: int, token: int, *, skipped: int = 0,
+                    last_skipped_ms: int | None = None) -> AdvanceOutcome:
             raise Crash
 
     crashing = CrashingAdvance(rig.path)

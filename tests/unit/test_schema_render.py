@@ -43,12 +43,16 @@ def test_columns_added_later_are_in_the_table_and_added_idempotently_to_older_ke
     assert added == ["ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS last_error text",
                      "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS cost int",
                      "ALTER TABLE ks.tasks_by_bucket ADD IF NOT EXISTS history map<int, text>",
-                     "ALTER TABLE ks.shards ADD IF NOT EXISTS baselines frozen<map<bigint, int>>"]
+                     "ALTER TABLE ks.shards ADD IF NOT EXISTS baselines frozen<map<bigint, int>>",
+                     "ALTER TABLE ks.schedules ADD IF NOT EXISTS skipped int",
+                     "ALTER TABLE ks.schedules ADD IF NOT EXISTS last_skipped timestamp"]
     assert "last_error      text" in tasks
     assert "cost            int" in tasks
     assert all(statements.index(each) > statements.index(tasks) for each in added)
     (shards,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.shards ")]
     assert "baselines     frozen<map<bigint, int>>" in shards
+    (schedules,) = [s for s in statements if s.startswith("CREATE TABLE IF NOT EXISTS ks.schedules ")]
+    assert "skipped       int" in schedules and "last_skipped  timestamp" in schedules
 
 
 def test_the_effect_ledger_is_keyed_by_scope_and_effect_key() -> None:

@@ -12,6 +12,8 @@ mixes client and Paxos timestamps:
   fence is null until the first advance in the partition and null compares false, so
   when the answer shows a null fence the advance is tried again with `fence = null`
   (CQL has no OR in IF), as the task partitions' fence is;
+  An advance past skipped slots (`scheduler.recurring.runner`) also sets `skipped` and
+  `last_skipped` in the same write;
 - `pause`, `resume`, `delete`: conditional on the row (`IF paused = ...`, `IF EXISTS`).
 
 An answer that times out may or may not have been applied; it is a `StoreError`, and
@@ -25,6 +27,8 @@ import logging
 import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
+
+from cassandra.query import UNSET_VALUE
 
 from scheduler.adapters.cassandra.connection import (
     CassandraConnection,
@@ -41,17 +45,21 @@ if TYPE_CHECKING:
     from scheduler.adapters.cassandra.store import CassandraTaskStore
 
 _COLUMNS = ("tenant, name, cron, zone, type, payload, priority, max_attempts, misfire, grace_s, jitter_s, "
-            "next_slot, paused, created_at")
+            "next_slot, paused, created_at, skipped, last_skipped")
+_ADVANCE = "UPDATE {{keyspace}}.schedules SET next_slot = ?, fence = ?{skips} WHERE shard = ? AND schedule_id = ? "
+_READ_AS = "IF next_slot = ? AND paused = false AND created_at = ? AND "
 
 _QUERIES = {
     "create": f"INSERT INTO {{keyspace}}.schedules (shard, schedule_id, {_COLUMNS}) "
-              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
+              "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS",
     "get": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ? AND schedule_id = ?",
     "list_shard": f"SELECT {_COLUMNS} FROM {{keyspace}}.schedules WHERE shard = ?",
-    "advance": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
-               "IF next_slot = ? AND paused = false AND created_at = ? AND fence <= ?",
-    "advance_first": "UPDATE {keyspace}.schedules SET next_slot = ?, fence = ? WHERE shard = ? AND schedule_id = ? "
-                     "IF next_slot = ? AND paused = false AND created_at = ? AND fence = null",
+    # Advances, and advances that also count skipped slots (kept apart so that an
+    # advance without a skip writes no null, i.e. no tombstone, into last_skipped).
+    "advance": _ADVANCE.format(skips="") + _READ_AS + "fence <= ?",
+    "advance_first": _ADVANCE.format(skips="") + _READ_AS + "fence = null",
+    "advance_skipping": _ADVANCE.format(skips=", skipped = ?, last_skipped = ?") + _READ_AS + "fence <= ?",
+    "advance_first_skipping": _ADVANCE.format(skips=", skipped = ?, last_skipped = ?") + _READ_AS + "fence = null",
     "pause": "UPDATE {keyspace}.schedules SET paused = true WHERE shard = ? AND schedule_id = ? IF paused = false",
     "resume": "UPDATE {keyspace}.schedules SET paused = false, next_slot = ? WHERE shard = ? AND schedule_id = ? "
               "IF paused = true",
@@ -94,6 +102,7 @@ class CassandraScheduleStore:
             *self._key(schedule.id), schedule.tenant, schedule.name, schedule.cron, schedule.zone, template.type,
             template.payload, template.priority.code, template.max_attempts, schedule.misfire.value,
             schedule.grace_s, schedule.jitter_s, schedule.next_slot_ms, schedule.paused, schedule.created_ms,
+            schedule.skipped, UNSET_VALUE if schedule.last_skipped_ms is None else schedule.last_skipped_ms,
         ))
         return bool(result.was_applied)
 
@@ -111,10 +120,18 @@ class CassandraScheduleStore:
             found = [s for s in found if s.tenant == tenant]
         return sorted(found, key=lambda s: (s.tenant, s.name))
 
-    def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
+    def advance(self, schedule: Schedule, next_slot_ms: int, token: int, *, skipped: int = 0,
+                last_skipped_ms: int | None = None) -> AdvanceOutcome:
         key = self._key(schedule.id)
         read = (schedule.next_slot_ms, schedule.created_ms)
-        result = self._run("advance", (next_slot_ms, token, *key, *read, token))
+        # The count is written whole: the condition on the next slot read also holds the
+        # count read (only an advance changes it, and every advance moves the next slot).
+        skips: tuple[object, ...] = ()
+        suffix = ""
+        if skipped:
+            skips = (schedule.skipped + skipped, last_skipped_ms)
+            suffix = "_skipping"
+        result = self._run("advance" + suffix, (next_slot_ms, token, *skips, *key, *read, token))
         for _ in range(3):
             if result.was_applied:
                 return AdvanceOutcome.APPLIED
@@ -126,9 +143,9 @@ class CassandraScheduleStore:
                     or created is None or _ms(created) != schedule.created_ms):
                 return AdvanceOutcome.CHANGED  # moved on, paused, or deleted (and perhaps added again)
             # The row is as read: the fence was null, or was raised to <= token in between.
-            name = "advance_first" if fence is None else "advance"
+            name = ("advance_first" if fence is None else "advance") + suffix
             conditions = read if fence is None else (*read, token)
-            result = self._run(name, (next_slot_ms, token, *key, *conditions))
+            result = self._run(name, (next_slot_ms, token, *skips, *key, *conditions))
         return AdvanceOutcome.APPLIED if result.was_applied else AdvanceOutcome.CHANGED
 
     def pause(self, schedule_id: uuid.UUID) -> bool:
@@ -155,11 +172,12 @@ _ONE_MS = timedelta(milliseconds=1)
 
 def _schedule(row: Any) -> Schedule:
     (tenant, name, cron, zone, type_, payload, priority, max_attempts, misfire, grace_s, jitter_s, next_slot,
-     paused, created_at) = row
+     paused, created_at, skipped, last_skipped) = row
     return Schedule(
         tenant=tenant, name=name, cron=cron, zone=zone,
         template=TaskTemplate(type_, bytes(payload or b"\xc0"), Priority.from_code(priority), max_attempts),
         misfire=MisfirePolicy(misfire), grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=_ms(next_slot),
-        created_ms=_ms(created_at), paused=bool(paused),
+        created_ms=_ms(created_at), paused=bool(paused), skipped=skipped or 0,
+        last_skipped_ms=None if last_skipped is None else _ms(last_skipped),
     )
 

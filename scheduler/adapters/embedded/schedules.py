@@ -5,7 +5,8 @@ Each write is one `BEGIN IMMEDIATE` transaction, so its read and its write are o
 for every thread and process using the file: the same conditions as the Cassandra
 adapter's lightweight transactions (`scheduler.adapters.cassandra.schedules`), held to
 the same contract suite. `schedule_fences` holds each shard's fence, the highest token
-that has advanced one of its schedules.
+that has advanced one of its schedules. A file made before a column of `ADDED_COLUMNS`
+gets it when it is opened.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ CREATE TABLE IF NOT EXISTS schedules (
     next_slot_ms INTEGER NOT NULL,   -- the first slot whose run has not been created
     paused       INTEGER NOT NULL,
     created_ms   INTEGER NOT NULL,
+    skipped      INTEGER NOT NULL DEFAULT 0,  -- slots left without a run (past the retention, or refused)
+    last_skipped_ms INTEGER,                  -- the latest of them
     PRIMARY KEY (shard, schedule_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS schedule_fences (
@@ -52,7 +55,10 @@ CREATE TABLE IF NOT EXISTS schedule_fences (
 """
 
 _COLUMNS = ("tenant, name, cron, zone, type, payload, priority, max_attempts, misfire, grace_s, jitter_s, "
-            "next_slot_ms, paused, created_ms")
+            "next_slot_ms, paused, created_ms, skipped, last_skipped_ms")
+
+ADDED_COLUMNS = (("schedules", "skipped", "INTEGER NOT NULL DEFAULT 0"), ("schedules", "last_skipped_ms", "INTEGER"))
+"""Columns added after files were made without them: `(table, column, definition)`."""
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,8 @@ class SqliteScheduleStore:
     def __init__(self, path: str | Path, *, shard_count: int = DEFAULT_SHARD_COUNT, busy_timeout_s: float = 30.0) -> None:
         self._shard_count = check_shard_count(shard_count)
         self._lock = threading.Lock()
-        self._db = open_store_file(path, SCHEMA, "schedule store", busy_timeout_s=busy_timeout_s)
+        self._db = open_store_file(path, SCHEMA, "schedule store", busy_timeout_s=busy_timeout_s,
+                                   added_columns=ADDED_COLUMNS)
         self.path = str(path)
 
     @property
@@ -89,11 +96,11 @@ class SqliteScheduleStore:
         with self._transaction() as db:
             cursor = db.execute(
                 f"INSERT OR IGNORE INTO schedules (shard, schedule_id, {_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*self._key(schedule.id), schedule.tenant, schedule.name, schedule.cron, schedule.zone,
                  template.type, template.payload, template.priority.code, template.max_attempts,
                  schedule.misfire.value, schedule.grace_s, schedule.jitter_s, schedule.next_slot_ms,
-                 int(schedule.paused), schedule.created_ms),
+                 int(schedule.paused), schedule.created_ms, schedule.skipped, schedule.last_skipped_ms),
             )
             return cursor.rowcount == 1
 
@@ -113,16 +120,19 @@ class SqliteScheduleStore:
             rows = self._read(f"SELECT {_COLUMNS} FROM schedules WHERE tenant = ?", (tenant,))
         return sorted(readable(rows, _schedule, log), key=lambda s: (s.tenant, s.name))
 
-    def advance(self, schedule: Schedule, next_slot_ms: int, token: int) -> AdvanceOutcome:
+    def advance(self, schedule: Schedule, next_slot_ms: int, token: int, *, skipped: int = 0,
+                last_skipped_ms: int | None = None) -> AdvanceOutcome:
         shard, key = self._key(schedule.id)
         with self._transaction() as db:
             fence_row = db.execute("SELECT fence FROM schedule_fences WHERE shard = ?", (shard,)).fetchone()
             if fence_row is not None and fence_row[0] > token:
                 return AdvanceOutcome.FENCED
             cursor = db.execute(
-                "UPDATE schedules SET next_slot_ms = ? WHERE shard = ? AND schedule_id = ? AND next_slot_ms = ? "
-                "AND paused = 0 AND created_ms = ?",  # created_ms: not a schedule deleted and added again
-                (next_slot_ms, shard, key, schedule.next_slot_ms, schedule.created_ms),
+                "UPDATE schedules SET next_slot_ms = ?, skipped = skipped + ?, "
+                "last_skipped_ms = coalesce(?, last_skipped_ms) WHERE shard = ? AND schedule_id = ? "
+                "AND next_slot_ms = ? AND paused = 0 AND created_ms = ?",  # created_ms: not one deleted and added again
+                (next_slot_ms, skipped, last_skipped_ms if skipped else None, shard, key, schedule.next_slot_ms,
+                 schedule.created_ms),
             )
             if cursor.rowcount != 1:
                 return AdvanceOutcome.CHANGED
@@ -156,11 +166,11 @@ class SqliteScheduleStore:
 
 def _schedule(row: Sequence[Any]) -> Schedule:
     (tenant, name, cron, zone, type_, payload, priority, max_attempts, misfire, grace_s, jitter_s, next_slot_ms,
-     paused, created_ms) = row
+     paused, created_ms, skipped, last_skipped_ms) = row
     return Schedule(
         tenant=tenant, name=name, cron=cron, zone=zone,
         template=TaskTemplate(type_, bytes(payload), Priority.from_code(priority), max_attempts),
         misfire=MisfirePolicy(misfire), grace_s=grace_s, jitter_s=jitter_s, next_slot_ms=next_slot_ms,
-        created_ms=created_ms, paused=bool(paused),
+        created_ms=created_ms, paused=bool(paused), skipped=skipped, last_skipped_ms=last_skipped_ms,
     )
 

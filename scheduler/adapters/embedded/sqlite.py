@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,13 +31,19 @@ def open_db(path: str | Path, *, busy_timeout_s: float, pragmas: Iterable[str]) 
     return db
 
 
-def open_store_file(path: str | Path, schema: str, what: str, *, busy_timeout_s: float) -> sqlite3.Connection:
+def open_store_file(path: str | Path, schema: str, what: str, *, busy_timeout_s: float,
+                    added_columns: Sequence[tuple[str, str, str]] = ()) -> sqlite3.Connection:
     """A durable connection (WAL, full sync) to the store file at `path`, with the tables
-    of `schema` created; `StoreError` naming `what` if the file cannot be opened."""
+    of `schema` created and the `added_columns` (`(table, column, definition)`: columns
+    added after files were made without them) added where missing, in one transaction;
+    `StoreError` naming `what` if the file cannot be opened."""
     try:
         db = open_db(path, busy_timeout_s=busy_timeout_s, pragmas=("journal_mode=WAL", "synchronous=FULL"))
         with immediate(db) as opened:
             create_tables(opened, schema)
+            for table, column, definition in added_columns:
+                if column not in {row[1] for row in opened.execute(f"PRAGMA table_info({table})")}:
+                    opened.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open the {what} at {path}: {exc}") from exc
     return db
