@@ -111,6 +111,9 @@ def _describe(item: Schedule) -> dict[str, Any]:
         "paused": item.paused,
         "next_slot": None if item.next_slot_ms >= NEVER_MS else from_ms(item.next_slot_ms).isoformat()
         .replace("+00:00", "Z"),
+        "skipped": item.skipped,
+        "last_skipped": None if item.last_skipped_ms is None else from_ms(item.last_skipped_ms).isoformat()
+        .replace("+00:00", "Z"),
     }
 
 
@@ -130,7 +133,9 @@ def schedule_list(tenant: str | None, as_json: bool, backend: str, db: Path, **o
         state = "paused" if item.paused else "active"
         click.echo(f"{item.tenant}/{item.name}  {item.cron!r} {item.zone}  {item.template.type}  {state}  "
                    f"misfire={item.misfire.value} grace={item.grace_s}s jitter={item.jitter_s}s  "
-                   f"next: {_when(item.rule, item.next_slot_ms)}")
+                   f"next: {_when(item.rule, item.next_slot_ms)}"
+                   + (f"  skipped {item.skipped}, last {_when(item.rule, item.last_skipped_ms)}"
+                      if item.skipped and item.last_skipped_ms is not None else ""))
     if not as_json:
         click.echo(f"{len(found)} schedule(s)")
 

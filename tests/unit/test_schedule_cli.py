@@ -170,3 +170,27 @@ def test_delete_cancels_the_runs_already_created_ahead(tmp_path: Path) -> None:
         assert {tasks.get(task_id).status for task_id in ahead} == {TaskStatus.CANCELLED}  # type: ignore[union-attr]
     finally:
         tasks.close()
+
+
+def test_list_shows_the_slots_a_schedule_skipped(tmp_path: Path) -> None:
+    """Slots past the retention get no run: `list` shows how many and the last, with the
+    schedule (plain and --json)."""
+    from scheduler.adapters.embedded.schedules import SqliteScheduleStore
+    from scheduler.ports import AdvanceOutcome
+
+    db = tmp_path / "tasks.db"
+    assert run(db, *ADD).exit_code == Exit.OK
+    assert json.loads(run(db, "list", "--json").output)["skipped"] == 0
+    assert "skipped" not in run(db, "list").output
+    schedules = SqliteScheduleStore(db)
+    try:
+        (stored,) = schedules.list_all("college")
+        day = 86_400_000
+        skipped_ms = stored.next_slot_ms + day
+        assert schedules.advance(stored, stored.next_slot_ms + 2 * day, token=1, skipped=2,
+                                 last_skipped_ms=skipped_ms) is AdvanceOutcome.APPLIED
+    finally:
+        schedules.close()
+    described = json.loads(run(db, "list", "--json").output)
+    assert described["skipped"] == 2 and described["last_skipped"].endswith("Z")
+    assert "skipped 2, last " in run(db, "list").output
